@@ -1,0 +1,121 @@
+"""Load a local HF checkpoint directory into the reference GPT.
+
+guard -> load -> validate: config.json and model.safetensors or pytorch_model.bin,
+GPT2LMHeadModel / OpenAIGPTLMHeadModel key names, fp32/fp16/bf16 stored weights (computed in fp32).
+Anything unexpected fails naming the tensor or field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from pathlib import Path
+
+import torch
+
+from gptedge.runtime.errors import CheckpointError
+
+from .config import GPTConfig
+from .reference import GPT
+
+log = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# Buffers older transformers saved (causal masks); they carry no weights.
+_IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$|^position_ids$")
+_OPENAI_RENAMES = {"tokens_embed.": "wte.", "positions_embed.": "wpe."}
+
+
+def read_config(source: Path) -> GPTConfig:
+    path = source / "config.json"
+    if not source.is_dir():
+        raise CheckpointError(f"{source}: not a directory")
+    try:
+        return GPTConfig.from_hf(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise CheckpointError(f"{source}: no config.json") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def weights_file(source: Path) -> Path:
+    for name in WEIGHT_FILES:
+        if (source / name).is_file():
+            return source / name
+    raise CheckpointError(f"{source}: no model.safetensors or pytorch_model.bin")
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors / pickle raise many types for a damaged file
+        raise CheckpointError(f"{path}: cannot read weights ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: not a state dict")
+    return state
+
+
+def canonical_name(key: str, arch: str) -> str:
+    """HF key -> reference parameter name ('transformer.h.0.attn.c_attn.weight' -> 'h.0.attn.c_attn.weight')."""
+    for prefix in ("transformer.",):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    if arch == "openai-gpt":
+        for old, new in _OPENAI_RENAMES.items():
+            if key.startswith(old):
+                key = new + key[len(old):]
+    return key
+
+
+def load_state(cfg: GPTConfig, tensors: dict[str, torch.Tensor], origin: str) -> dict[str, torch.Tensor]:
+    """Rename, check every tensor against the reference's parameters, convert to fp32."""
+    expected = {k: v.shape for k, v in GPT(cfg).state_dict().items()}
+    state: dict[str, torch.Tensor] = {}
+    lm_head = None
+    for key, t in tensors.items():
+        name = canonical_name(key, cfg.arch)
+        if name == "lm_head.weight":
+            lm_head = t
+            continue
+        if _IGNORED.match(name):
+            continue
+        if name not in expected:
+            raise CheckpointError(f"{origin}: unexpected tensor {key!r}")
+        if tuple(t.shape) != tuple(expected[name]):
+            raise CheckpointError(f"{origin}: tensor {key!r} has shape {list(t.shape)}, expected {list(expected[name])}")
+        if not t.is_floating_point():
+            raise CheckpointError(f"{origin}: tensor {key!r} has dtype {t.dtype}, expected a float")
+        state[name] = t.to(torch.float32)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(f"{origin}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if lm_head is not None and not torch.equal(lm_head.to(torch.float32), state["wte.weight"]):
+        raise CheckpointError(f"{origin}: lm_head.weight differs from the token embedding (untied heads are not supported)")
+    return state
+
+
+def load_checkpoint(source: str | Path) -> tuple[GPT, GPTConfig]:
+    """A local HF checkpoint dir -> (reference GPT in eval mode, its config)."""
+    source = Path(source)
+    cfg = read_config(source)
+    path = weights_file(source)
+    state = load_state(cfg, read_tensors(path), path.name)
+    model = GPT(cfg)
+    model.load_state_dict(state)
+    log.info("loaded %s (%s, %d layers, %.1fM parameters)", path, cfg.arch, cfg.n_layer,
+             sum(p.numel() for p in model.parameters()) / 1e6)
+    return model.eval(), cfg
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,90 @@
+"""gptedge export: guard -> load -> build graph -> save -> validate -> manifest, atomically."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+
+from gptedge import __version__
+from gptedge.atomic import atomic_output_dir, check_output
+from gptedge.runtime.errors import CheckpointError
+from gptedge.runtime.manifest import MODEL_FILE, Manifest, write_json, write_manifest
+
+from .checkpoint import file_sha256, load_checkpoint, weights_file
+from .config import GPTConfig
+from .onnx_graph import DEFAULT_OPSET, build_standard_graph
+from .reference import GPT
+from .tokenizer_files import write_tokenizer
+from .validate import compare_graph, compare_greedy, greedy_prompts
+
+log = logging.getLogger(__name__)
+
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf's 2 GB limit, with room for the graph itself
+MIN_OPSET = DEFAULT_OPSET
+
+
+def save_onnx(model: onnx.ModelProto, path: Path) -> None:
+    """model.onnx, with weights in model.onnx.data when the whole would pass protobuf's 2 GB."""
+    size = sum(len(t.raw_data) for t in model.graph.initializer)
+    if size > EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def check_opset(opset: int) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise CheckpointError(f"opset {opset} is not supported: choose {MIN_OPSET}..{newest}")
+
+
+def export_model(reference: GPT, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,
+                 source_dir: Path | None = None, source_info: dict | None = None, validate: bool = True,
+                 greedy_tokens: int = 64) -> Manifest:
+    """Write a model directory for `reference`; validation failure leaves nothing behind."""
+    check_opset(opset)
+    cfg: GPTConfig = reference.cfg
+    out = Path(out)
+    with atomic_output_dir(out, force) as tmp:
+        weights = {k: v.detach().to("cpu").float().numpy() for k, v in reference.state_dict().items()}
+        save_onnx(build_standard_graph(cfg, weights, opset), tmp / MODEL_FILE)
+        write_json(tmp / "config.json", cfg.to_hf())
+        write_json(tmp / "generation_config.json",
+                   {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
+        has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False
+        manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
+                            pad_id=cfg.eos_token_id,
+                            source={**(source_info or {}), "opset": opset, "gptedge_version": __version__,
+                                    "activation": cfg.activation, "layer_norm_epsilon": cfg.layer_norm_epsilon})
+        write_manifest(tmp, manifest)
+        if validate:
+            manifest = manifest.replace(parity=validate_model_dir(reference, tmp, has_tokenizer, greedy_tokens))
+            write_manifest(tmp, manifest)
+    log.info("wrote %s", out)
+    return manifest
+
+
+def validate_model_dir(reference: GPT, model_dir: Path, has_tokenizer: bool, greedy_tokens: int = 64) -> dict:
+    from gptedge.runtime import load
+
+    loaded = load(model_dir, device="cpu")
+    tokenizer = loaded.tokenizer if has_tokenizer else None
+    graph = compare_graph(reference.eval(), loaded)
+    greedy = compare_greedy(reference, loaded, greedy_prompts(reference.cfg.vocab_size, tokenizer),
+                            greedy_tokens, tokenizer)
+    return {"graph_vs_reference": graph, "greedy_vs_reference": greedy, "device": "cpu"}
+
+
+def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,
+                      validate: bool = True) -> Manifest:
+    """A local HF checkpoint directory -> a gptedge model directory."""
+    source, out = Path(source), Path(out)
+    check_opset(opset)
+    check_output(out, force)  # before the (slow) load
+    reference, _ = load_checkpoint(source)
+    info = {"path": str(source.resolve()), "weights": weights_file(source).name,
+            "sha256": file_sha256(weights_file(source))}
+    return export_model(reference, out, force, opset, source_dir=source, source_info=info, validate=validate)

@@ -1,0 +1,123 @@
+"""The `gptedge` command: generated text on stdout, diagnostics (load time, tok/s, provider) on stderr."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+
+import click
+
+from gptedge import __version__
+from gptedge.runtime.errors import GptEdgeError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def one_line_errors(fn):
+    """Library errors become one-line click errors; nothing else is swallowed."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GptEdgeError as e:
+            raise click.ClickException(str(e)) from None
+
+    return wrapper
+
+
+def diag(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "--version", prog_name="gptedge")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
+def main(verbose: bool) -> None:
+    """Export GPT-2 / GPT to ONNX, quantize it, and generate with ONNX Runtime."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("source", type=click.Path(file_okay=False, path_type=str))
+@click.option("-o", "--out", required=True, type=click.Path(path_type=str), help="Model directory to write.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists (only once the new one is complete).")
+@click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (>= 17).")
+@one_line_errors
+def export(source: str, out: str, force: bool, opset: int) -> None:
+    """Export a local HF checkpoint dir (GPT2LMHeadModel / OpenAIGPTLMHeadModel) to a model dir, then validate it."""
+    from gptedge.export.exporter import export_checkpoint
+
+    manifest = export_checkpoint(source, out, force=force, opset=opset)
+    graph = manifest.parity.get("graph_vs_reference", {})
+    greedy = manifest.parity.get("greedy_vs_reference", {})
+    diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.get('max_abs_diff', float('nan')):.2e} "
+         f"({graph.get('output')}, {graph.get('step')}), top-1 {graph.get('top1_agreement', 0):.2%}; "
+         f"greedy {greedy.get('tokens_compared', 0)} tokens identical over {greedy.get('prompts', 0)} prompts")
+
+
+def _sampling_options(fn):
+    for opt in reversed([
+        click.option("-n", "--max-new-tokens", default=64, show_default=True, type=int),
+        click.option("--top-k", default=0, show_default=True, type=int, help="0: off."),
+        click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0: off."),
+        click.option("--temperature", default=1.0, show_default=True, type=float, help="0: greedy."),
+        click.option("--repetition-penalty", default=1.0, show_default=True, type=float, help="1.0: off."),
+        click.option("--seed", default=None, type=int, help="Makes sampling reproducible."),
+        click.option("--greedy", is_flag=True, help="Always the most likely token."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it."),
+        click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto."),
+        click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("model", type=click.Path(path_type=str))
+@click.option("-p", "--prompt", required=True, help="Text to continue.")
+@_sampling_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@one_line_errors
+def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: float, temperature: float,
+             repetition_penalty: float, seed: int | None, greedy: bool, stop: tuple[str, ...], device: str,
+             threads: int | None, as_json: bool) -> None:
+    """Continue PROMPT with the model in MODEL; text on stdout, timings on stderr."""
+    from gptedge.runtime import load
+
+    loaded = load(model, device=device, threads=threads)
+    diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
+    sampling = dict(top_k=top_k, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
+                    seed=seed, greedy=greedy)
+    if as_json:
+        result = loaded.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, **sampling)
+        click.echo(json.dumps({"prompt": prompt, **result.to_dict()}, ensure_ascii=False))
+    else:
+        for piece in loaded.stream(prompt, max_new_tokens=max_new_tokens, stop=stop, **sampling):
+            click.echo(piece, nl=False)
+        click.echo()
+        result = loaded.last_generation
+    diag(f"{len(result.ids)} tokens, stop: {result.stop}; first token {result.time_to_first_token_s * 1000:.0f} ms, "
+         f"decode {result.tokens_per_s:.1f} tok/s")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("model", type=click.Path(path_type=str))
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
+@one_line_errors
+def info(model: str, device: str) -> None:
+    """Print the manifest of MODEL and the execution providers available and used."""
+    from gptedge.runtime import load
+    from gptedge.runtime.session import available_providers
+
+    loaded = load(model, device=device)
+    click.echo(json.dumps({"model_dir": model, "manifest": loaded.manifest.to_dict(),
+                           "providers_available": available_providers(), "providers_used": loaded.providers},
+                          indent=2))
+
+
+if __name__ == "__main__":
+    main()

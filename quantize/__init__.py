@@ -1,0 +1,1 @@
+"""gptedge.quantize: ONNX -> ONNX INT8 variants of a gptedge model directory."""

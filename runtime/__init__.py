@@ -1,0 +1,18 @@
+"""gptedge.runtime: ONNX Runtime side. Needs only onnxruntime, numpy and tokenizers; never imports torch.
+
+    model = gptedge.runtime.load("out/int8", device="cpu")
+    for piece in model.stream("It is a truth", max_new_tokens=64, top_k=40, temperature=0.8, seed=0):
+        print(piece, end="")
+"""
+
+from .errors import GptEdgeError
+from .manifest import Manifest, read_manifest
+
+__all__ = ["GptEdgeError", "Manifest", "read_manifest", "load"]
+
+
+def load(model_dir, device: str = "auto", **session_options):
+    """Load a model directory on a device ("cpu", "cuda" or "auto") -> LoadedModel."""
+    from .model import load as _load  # onnxruntime is imported only here, with a hint when it is missing
+
+    return _load(model_dir, device=device, **session_options)

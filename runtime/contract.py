@@ -1,0 +1,63 @@
+"""The ONNX I/O contract, declared once as data (DESIGN §3).
+
+Export builds graphs with these names, validation checks every one, the runtime feeds them.
+Names and dtypes match Optimum's GPT-2 export so each side loads the other's model dirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INPUT_IDS = "input_ids"  # int64 [batch, seq]
+ATTENTION_MASK = "attention_mask"  # int64 [batch, past + seq]
+POSITION_IDS = "position_ids"  # int64 [batch, seq]
+LOGITS = "logits"  # float [batch, seq, vocab]  (graph "standard")
+
+# Graph variants a manifest may name.
+GRAPH_STANDARD = "standard"  # logits for every position; serves prefill, decode and perplexity
+
+
+def past_key(layer: int) -> str:
+    return f"past_key_values.{layer}.key"  # float [batch, heads, past, head_dim]
+
+
+def past_value(layer: int) -> str:
+    return f"past_key_values.{layer}.value"
+
+
+def present_key(layer: int) -> str:
+    return f"present.{layer}.key"  # float [batch, heads, past + seq, head_dim]
+
+
+def present_value(layer: int) -> str:
+    return f"present.{layer}.value"
+
+
+@dataclass(frozen=True)
+class IONames:
+    """Every input and output name of a graph with ``n_layer`` layers, in graph order."""
+
+    n_layer: int
+
+    @property
+    def past_names(self) -> list[str]:
+        return [n for i in range(self.n_layer) for n in (past_key(i), past_value(i))]
+
+    @property
+    def present_names(self) -> list[str]:
+        return [n for i in range(self.n_layer) for n in (present_key(i), present_value(i))]
+
+    @property
+    def inputs(self) -> list[str]:
+        return [INPUT_IDS, ATTENTION_MASK, POSITION_IDS, *self.past_names]
+
+    @property
+    def outputs(self) -> list[str]:
+        return [LOGITS, *self.present_names]
+
+
+# Symbolic dimension names used for the dynamic axes of every graph.
+DIM_BATCH = "batch_size"
+DIM_SEQ = "sequence_length"
+DIM_PAST = "past_sequence_length"
+DIM_TOTAL = "total_sequence_length"  # past + seq

@@ -1,0 +1,139 @@
+"""The generation loop: prefill, then decode one token at a time with the KV cache.
+
+Batches are left-padded; each row has its own random generator seeded with the same seed,
+so a row's tokens do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InvalidArgumentError, PromptTooLongError
+from .sampling import SamplingParams, select_token
+from .text_stream import TextStream
+
+# step(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), past) -> (last logits (B, V), presents)
+StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]]
+
+STOP_EOS = "eos"
+STOP_STRING = "stop_string"
+STOP_MAX_NEW = "max_new_tokens"
+STOP_CONTEXT = "context"
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)  # generated ids (eos included when it ended the text)
+    text: str | None = None  # generated text, cut before a stop string; None without a tokenizer
+    stop: str = ""  # eos | stop_string | max_new_tokens | context
+    time_to_first_token_s: float = 0.0
+    decode_s: float = 0.0  # from the first generated token to the last
+    tokens_per_s: float = 0.0  # decode rate over all rows of the batch it ran in
+
+    def to_dict(self) -> dict:
+        return {"prompt_ids": self.prompt_ids, "ids": self.ids, "text": self.text, "stop": self.stop,
+                "time_to_first_token_s": self.time_to_first_token_s, "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    n_layer: int
+    n_head: int
+    head_dim: int
+    dtype: type = np.float32
+
+    def empty(self, batch: int) -> list[np.ndarray]:
+        return [np.zeros((batch, self.n_head, 0, self.head_dim), self.dtype) for _ in range(2 * self.n_layer)]
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> input_ids, attention_mask, both (B, L) int64, shorter prompts padded on the left."""
+    length = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), length), pad_id, dtype=np.int64)
+    mask = np.zeros((len(prompts), length), dtype=np.int64)
+    for b, p in enumerate(prompts):
+        ids[b, length - len(p):] = p
+        mask[b, length - len(p):] = 1
+    return ids, mask
+
+
+def positions(mask: np.ndarray) -> np.ndarray:
+    """position_ids (B, T) for a left-padded mask: cumsum(mask) - 1, clipped at 0."""
+    return np.clip(np.cumsum(mask, axis=-1) - 1, 0, None)
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, context_length: int) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InvalidArgumentError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not prompts:
+        raise InvalidArgumentError("no prompt given")
+    for p in prompts:
+        if len(p) == 0:
+            raise InvalidArgumentError("a prompt is empty: give at least one token")
+        if len(p) >= context_length:
+            raise PromptTooLongError(
+                f"prompt is {len(p)} tokens; the model's context holds {context_length}, leaving no room for a new token"
+            )
+
+
+def run_generation(
+    step: StepFn, kv: KVSpec, prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: int,
+    context_length: int, eos_id: int | None, pad_id: int, tokenizer=None, stop_strings: Sequence[str] = (),
+) -> Generator[tuple[int, str], None, list[Generation]]:
+    """Yields (row, text piece) as text completes; returns one Generation per prompt."""
+    check_prompts(prompts, max_new_tokens, context_length)
+    B = len(prompts)
+    ids, mask = left_pad(prompts, pad_id)
+    results = [Generation(prompt_ids=list(p)) for p in prompts]
+    streams = [TextStream(tokenizer, stop_strings) if tokenizer is not None else None for _ in prompts]
+    rngs = [np.random.default_rng(params.seed) for _ in prompts]
+    seen = [list(p) for p in prompts]
+    start = time.perf_counter()
+    logits, past = step(ids, mask, positions(mask), kv.empty(B))  # prefill: logits (B, V)
+    first = None
+    for _ in range(max_new_tokens):
+        next_ids = np.full((B, 1), pad_id, dtype=np.int64)
+        for b, r in enumerate(results):
+            if r.stop:
+                continue  # finished rows keep feeding padding; their outputs are ignored
+            tok = select_token(logits[b], params, rngs[b], np.asarray(seen[b]))
+            r.ids.append(tok)
+            seen[b].append(tok)
+            next_ids[b, 0] = tok
+            stream = streams[b]
+            if stream is not None:
+                piece = stream.push(tok)
+                if piece:
+                    yield b, piece
+            if eos_id is not None and tok == eos_id:
+                r.stop = STOP_EOS
+            elif stream is not None and stream.stopped:
+                r.stop = STOP_STRING
+            elif len(r.ids) >= max_new_tokens:
+                r.stop = STOP_MAX_NEW
+            elif len(r.prompt_ids) + len(r.ids) >= context_length:
+                r.stop = STOP_CONTEXT
+        if first is None:
+            first = time.perf_counter()
+        if all(r.stop for r in results):
+            break
+        mask = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1)  # (B, T + 1)
+        pos = np.minimum(mask.sum(axis=1, keepdims=True) - 1, context_length - 1)  # finished rows stay in range
+        logits, past = step(next_ids, mask, pos, past)
+    end = time.perf_counter()
+    decoded = sum(len(r.ids) - 1 for r in results)
+    for b, r in enumerate(results):
+        if streams[b] is not None:
+            tail = streams[b].flush()
+            if tail:
+                yield b, tail
+            r.text = streams[b].text
+        r.time_to_first_token_s = first - start
+        r.decode_s = end - first
+        r.tokens_per_s = decoded / r.decode_s if r.decode_s > 0 else 0.0
+    return results

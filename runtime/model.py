@@ -1,0 +1,162 @@
+"""A loaded model directory: manifest + one InferenceSession + tokenizer, and the generation API."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import contract as C
+from .errors import ModelDirError
+from .generation import Generation, KVSpec, run_generation
+from .manifest import MANIFEST_NAME, Manifest, ModelShape, read_manifest
+from .sampling import SamplingParams
+from .session import make_session
+from .tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+_ORT_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+class LoadedModel:
+    def __init__(self, model_dir: Path, manifest: Manifest, session, device: str, load_s: float):
+        self.model_dir = model_dir
+        self.manifest = manifest
+        self.session = session
+        self.device = device
+        self.load_s = load_s
+        self._tokenizer = None
+        past_types = {i.name: i.type for i in session.get_inputs()}
+        self.kv = KVSpec(manifest.shape.n_layer, manifest.shape.n_head, manifest.shape.head_dim,
+                         _ORT_FLOAT.get(past_types.get(C.past_key(0)), np.float32))
+        self._output_names = list(manifest.outputs)
+        self._past_names = C.IONames(manifest.shape.n_layer).past_names
+
+    # -- graph I/O ---------------------------------------------------------------------------------
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+                past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One run of the graph -> (logits (B, S, V) float32, presents)."""
+        feeds = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: attention_mask, C.POSITION_IDS: position_ids}
+        feeds.update(zip(self._past_names, past))
+        logits, *presents = self.session.run(self._output_names, feeds)
+        return logits.astype(np.float32, copy=False), presents
+
+    def _step(self, input_ids, attention_mask, position_ids, past):
+        logits, presents = self.forward(input_ids, attention_mask, position_ids, past)
+        return logits[:, -1, :], presents  # (B, V)
+
+    # -- text ----------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.model_dir)
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return encode(self.tokenizer, text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return decode(self.tokenizer, list(ids))
+
+    # -- generation ----------------------------------------------------------------------------------
+    def _generation(self, prompts, max_new_tokens, stop, with_text, **sampling):
+        params = SamplingParams(**sampling)
+        ids = [self.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        pad = self.manifest.pad_id if self.manifest.pad_id is not None else (self.manifest.eos_id or 0)
+        return run_generation(self._step, self.kv, ids, params, max_new_tokens, self.manifest.shape.context_length,
+                              self.manifest.eos_id, pad, self.tokenizer if with_text else None, stop)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64,
+                       stop: Sequence[str] = (), **sampling) -> list[Generation]:
+        """Prompts as text or ids, left-padded into one batch -> one Generation per prompt."""
+        with_text = any(isinstance(p, str) for p in prompts) or (self.model_dir / TOKENIZER_FILE).is_file()
+        gen = self._generation(prompts, max_new_tokens, stop, with_text, **sampling)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as done:
+                return done.value
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, stop: Sequence[str] = (),
+                 **sampling) -> Generation:
+        return self.generate_batch([prompt], max_new_tokens, stop, **sampling)[0]
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64, stop: Sequence[str] = (),
+               **sampling) -> Iterator[str]:
+        """Yields text pieces as they complete; the Generation is left in `self.last_generation`."""
+        gen = self._generation([prompt], max_new_tokens, stop, True, **sampling)
+        while True:
+            try:
+                _, piece = next(gen)
+            except StopIteration as done:
+                self.last_generation = done.value[0]
+                return
+            yield piece
+
+
+def load(model_dir: str | Path, device: str = "auto", threads: int | None = None) -> LoadedModel:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelDirError(f"{model_dir}: no such model directory")
+    started = time.perf_counter()
+    if (model_dir / MANIFEST_NAME).is_file():
+        manifest = read_manifest(model_dir)
+    else:
+        manifest = manifest_from_hf_dir(model_dir)
+    model_path = model_dir / manifest.model_file
+    if not model_path.is_file():
+        raise ModelDirError(f"{model_dir}: no {manifest.model_file}")
+    try:
+        session = make_session(str(model_path), device=device, threads=threads)
+    except Exception as e:
+        if type(e).__module__.startswith("gptedge"):
+            raise
+        raise ModelDirError(f"{model_path}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:200]})") from None
+    check_graph_io(session, manifest, model_path)
+    loaded = LoadedModel(model_dir, manifest, session, device, time.perf_counter() - started)
+    log.info("loaded %s (%s, %s graph) in %.2fs", model_dir, manifest.precision, manifest.graph, loaded.load_s)
+    return loaded
+
+
+def check_graph_io(session, manifest: Manifest, model_path: Path) -> None:
+    """The manifest and the graph must agree on every input and output name."""
+    graph_in = [i.name for i in session.get_inputs()]
+    graph_out = [o.name for o in session.get_outputs()]
+    for kind, declared, actual in (("input", manifest.inputs, graph_in), ("output", manifest.outputs, graph_out)):
+        missing = [n for n in declared if n not in actual]
+        extra = [n for n in actual if n not in declared]
+        if missing or extra:
+            what = f"lacks {kind} {missing[0]!r}" if missing else f"has unexpected {kind} {extra[0]!r}"
+            raise ModelDirError(f"{model_path}: graph does not match {MANIFEST_NAME}: it {what}")
+
+
+def manifest_from_hf_dir(model_dir: Path) -> Manifest:
+    """A directory exported by another tool (Optimum): config.json + model.onnx, no gptedge.json."""
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ModelDirError(f"{model_dir}: no {MANIFEST_NAME} and no config.json (not a model directory)")
+    try:
+        cfg = json.loads(config_path.read_text(encoding="utf-8"))
+        model_type = cfg["model_type"]
+        n_layer, n_head, n_embd = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
+        shape = ModelShape(arch=model_type, n_layer=n_layer, n_head=n_head, head_dim=n_embd // n_head,
+                           vocab_size=cfg["vocab_size"], context_length=cfg["n_positions"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ModelDirError(f"{config_path}: cannot read the model's shape ({type(e).__name__}: {e})") from None
+    gen_cfg = {}
+    if (model_dir / "generation_config.json").is_file():
+        gen_cfg = json.loads((model_dir / "generation_config.json").read_text(encoding="utf-8"))
+    eos = gen_cfg.get("eos_token_id", cfg.get("eos_token_id"))
+    log.info("%s has no %s: shape read from config.json", model_dir, MANIFEST_NAME)
+    return Manifest(shape=shape, eos_id=eos if isinstance(eos, int) else None,
+                    bos_id=cfg.get("bos_token_id"), pad_id=gen_cfg.get("pad_token_id"),
+                    source={"imported_from": "config.json"})
