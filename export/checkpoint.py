@@ -119,3 +119,23 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def hf_name(name: str, arch: str) -> str:
+    """Reference parameter name -> the key transformers' save_pretrained writes."""
+    if arch == "openai-gpt":
+        for new, old in (("wte.", "tokens_embed."), ("wpe.", "positions_embed.")):
+            if name.startswith(new):
+                name = old + name[len(new):]
+    return "transformer." + name
+
+
+def save_checkpoint(model: GPT, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> None:
+    """Write config.json + model.safetensors in HF layout (the tied LM head is not stored)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {hf_name(k, model.cfg.arch): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2) + "\n", encoding="utf-8")

@@ -28,6 +28,17 @@ def one_line_errors(fn):
     return wrapper
 
 
+def import_extra(module: str, extra: str):
+    """Import a part that needs an extra (torch, onnx); a one-line hint when it is missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise click.ClickException(f"{e.name or e} is not installed: this command needs "
+                                   f"pip install torch==2.13.0 'gptedge[{extra}]'") from None
+
+
 def diag(message: str) -> None:
     click.echo(message, err=True)
 
@@ -49,9 +60,8 @@ def main(verbose: bool) -> None:
 @one_line_errors
 def export(source: str, out: str, force: bool, opset: int) -> None:
     """Export a local HF checkpoint dir (GPT2LMHeadModel / OpenAIGPTLMHeadModel) to a model dir, then validate it."""
-    from gptedge.export.exporter import export_checkpoint
-
-    manifest = export_checkpoint(source, out, force=force, opset=opset)
+    exporter = import_extra("gptedge.export.exporter", "export")
+    manifest = exporter.export_checkpoint(source, out, force=force, opset=opset)
     graph = manifest.parity.get("graph_vs_reference", {})
     greedy = manifest.parity.get("greedy_vs_reference", {})
     diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.get('max_abs_diff', float('nan')):.2e} "
@@ -89,6 +99,7 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
     from gptedge.runtime import load
 
     loaded = load(model, device=device, threads=threads)
+    loaded.tokenizer  # fail on a missing tokenizer before anything is printed
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     sampling = dict(top_k=top_k, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
                     seed=seed, greedy=greedy)

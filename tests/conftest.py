@@ -1,0 +1,75 @@
+"""Tiny seeded models built in fixtures; no downloads. The GPT-2 tokenizer files ship in samples/."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT2_TOKENIZER = ROOT / "samples" / "tokenizers" / "gpt2"
+GPT2_VOCAB = 50257
+
+
+def copy_gpt2_tokenizer(dst: Path) -> None:
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copyfile(GPT2_TOKENIZER / name, dst / name)
+
+
+def tiny_config(arch: str = "gpt2", **overrides):
+    from gptedge.export.config import GPTConfig
+
+    base = dict(arch=arch, vocab_size=GPT2_VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=4,
+                bos_token_id=50256, eos_token_id=50256)
+    if arch == "openai-gpt":
+        base.update(bos_token_id=None, eos_token_id=None)
+    base.update(overrides)
+    return GPTConfig(**base)
+
+
+def tiny_reference(arch: str = "gpt2", seed: int = 0, **overrides):
+    from gptedge.export.reference import GPT
+
+    return GPT(tiny_config(arch, **overrides)).init_weights(seed).eval()
+
+
+def write_checkpoint(model, out: Path, tokenizer: bool = True) -> Path:
+    from gptedge.export.checkpoint import save_checkpoint
+
+    save_checkpoint(model, out)
+    if tokenizer:
+        copy_gpt2_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gpt2_checkpoint(tmp_path_factory) -> Path:
+    """A tiny seeded GPT-2 in HF layout with the real GPT-2 tokenizer files."""
+    return write_checkpoint(tiny_reference("gpt2"), tmp_path_factory.mktemp("ck") / "gpt2")
+
+
+@pytest.fixture(scope="session")
+def gpt2_model_dir(tmp_path_factory, gpt2_checkpoint) -> Path:
+    from gptedge.export.exporter import export_checkpoint
+
+    out = tmp_path_factory.mktemp("md") / "gpt2"
+    export_checkpoint(gpt2_checkpoint, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def openai_gpt_model_dir(tmp_path_factory) -> Path:
+    from gptedge.export.exporter import export_checkpoint
+
+    ck = write_checkpoint(tiny_reference("openai-gpt", seed=1), tmp_path_factory.mktemp("ck") / "openai")
+    out = tmp_path_factory.mktemp("md") / "openai"
+    export_checkpoint(ck, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gpt2_loaded(gpt2_model_dir):
+    from gptedge.runtime import load
+
+    return load(gpt2_model_dir, device="cpu")

@@ -1,0 +1,129 @@
+"""Rungs 3-4 on exported graphs, the model directory's contents, atomic writes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from gptedge.export.exporter import export_model
+from gptedge.export.validate import compare_graph, compare_greedy, greedy_prompts
+from gptedge.runtime import contract as C
+from gptedge.runtime import load
+from gptedge.runtime.errors import OutputExistsError, ParityError
+
+from .conftest import tiny_reference
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
+def test_rung3_graph_matches_reference_prefill_and_decode(tmp_path, arch):
+    ref = tiny_reference(arch, seed=11)
+    export_model(ref, tmp_path / "m", validate=False)
+    loaded = load(tmp_path / "m", device="cpu")
+    figures = compare_graph(ref, loaded, batch=3, prompt_len=9, decode_steps=4)
+    assert figures["max_abs_diff"] <= 1e-4
+    assert figures["top1_agreement"] == 1.0
+    assert figures["decode_steps"] == 4
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
+def test_rung4_greedy_ids_then_text_identical(tmp_path, arch):
+    ref = tiny_reference(arch, seed=12)
+    export_model(ref, tmp_path / "m", validate=False)
+    loaded = load(tmp_path / "m", device="cpu")
+    prompts = greedy_prompts(ref.cfg.vocab_size, seed=3) + [[42, 7, 9, 1000, 3]]
+    figures = compare_greedy(ref, loaded, prompts, new_tokens=64)
+    assert figures["tokens_compared"] >= 64 * len(prompts) - 4 * 64  # eos may end one early
+    assert figures["identical"]
+
+
+def test_export_records_parity_in_manifest(gpt2_model_dir):
+    manifest = json.loads((gpt2_model_dir / "gptedge.json").read_text())
+    graph = manifest["parity"]["graph_vs_reference"]
+    assert graph["max_abs_diff"] <= 1e-4 and graph["decode_steps"] >= 3 and graph["batch"] >= 2
+    assert manifest["parity"]["greedy_vs_reference"]["identical"] is True
+    assert manifest["precision"] == "fp32" and manifest["graph"] == "standard"
+    assert manifest["shape"] == {"arch": "gpt2", "n_layer": 2, "n_head": 4, "head_dim": 8, "vocab_size": 50257,
+                                 "context_length": 128}
+    assert len(manifest["source"]["sha256"]) == 64
+    assert {p.name for p in gpt2_model_dir.iterdir()} == {
+        "model.onnx", "config.json", "generation_config.json", "tokenizer.json", "gptedge.json"}
+
+
+def test_graph_contract_names_dtypes_and_dynamic_axes(gpt2_model_dir):
+    model = onnx.load(str(gpt2_model_dir / "model.onnx"))
+    names = C.IONames(2)
+    assert [i.name for i in model.graph.input] == names.inputs
+    assert [o.name for o in model.graph.output] == names.outputs
+    dtypes = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    assert dtypes[C.INPUT_IDS] == dtypes[C.ATTENTION_MASK] == dtypes[C.POSITION_IDS] == onnx.TensorProto.INT64
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*model.graph.input, *model.graph.output]}
+    assert dims[C.past_key(0)] == [C.DIM_BATCH, 4, C.DIM_PAST, 8]
+    assert dims[C.present_value(1)] == [C.DIM_BATCH, 4, C.DIM_TOTAL, 8]
+    assert dims[C.LOGITS] == [C.DIM_BATCH, C.DIM_SEQ, 50257]
+
+
+def test_tied_embedding_stored_once(gpt2_model_dir):
+    model = onnx.load(str(gpt2_model_dir / "model.onnx"))
+    big = [t for t in model.graph.initializer if 50257 in t.dims]
+    assert [t.name for t in big] == ["wte.weight"]
+    users = [n.op_type for n in model.graph.node if "wte.weight" in n.input]
+    assert sorted(users) == ["Gather", "Gemm"]
+
+
+def test_one_graph_serves_prefill_and_decode_in_batch(gpt2_loaded):
+    ids = np.array([[5, 6, 7]], dtype=np.int64)
+    mask = np.ones((1, 3), dtype=np.int64)
+    logits, presents = gpt2_loaded.forward(ids, mask, np.arange(3)[None], gpt2_loaded.kv.empty(1))
+    assert logits.shape == (1, 3, 50257) and presents[0].shape == (1, 4, 3, 8)
+    mask = np.ones((1, 4), dtype=np.int64)
+    logits, presents = gpt2_loaded.forward(np.array([[8]]), mask, np.array([[3]]), presents)
+    assert logits.shape == (1, 1, 50257) and presents[0].shape == (1, 4, 4, 8)
+
+
+def test_existing_output_kept_without_force_and_replaced_with_it(tmp_path):
+    ref = tiny_reference("gpt2", seed=13)
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="exists; pass --force"):
+        export_model(ref, out, validate=False)
+    assert (out / "keep.txt").read_text() == "mine"
+    export_model(ref, out, force=True, validate=False)
+    assert not (out / "keep.txt").exists() and (out / "model.onnx").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]  # no temporary directories left
+
+
+def test_failed_validation_leaves_nothing(tmp_path, monkeypatch):
+    import gptedge.export.exporter as exporter
+
+    def broken_graph(cfg, weights, opset):  # a graph whose weights differ from the reference's
+        weights = dict(weights)
+        weights["h.0.mlp.c_fc.bias"] = weights["h.0.mlp.c_fc.bias"] + 0.5
+        return build(cfg, weights, opset)
+
+    build = exporter.build_standard_graph
+    monkeypatch.setattr(exporter, "build_standard_graph", broken_graph)
+    with pytest.raises(ParityError, match=r"max \|diff\| .* > 1e-04 in .* top-1 agreement"):
+        export_model(tiny_reference("gpt2", seed=14), tmp_path / "m")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_large_models_use_external_data(tmp_path, monkeypatch):
+    import gptedge.export.exporter as exporter
+
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_THRESHOLD", 1000)
+    export_model(tiny_reference("gpt2", seed=15), tmp_path / "m")  # validates through the external-data file
+    assert (tmp_path / "m" / "model.onnx.data").stat().st_size > (tmp_path / "m" / "model.onnx").stat().st_size
+
+
+def test_opset_is_checked(tmp_path):
+    from gptedge.runtime.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="opset 11 is not supported"):
+        export_model(tiny_reference("gpt2"), tmp_path / "m", opset=11)
+    export_model(tiny_reference("gpt2"), tmp_path / "m18", opset=18, greedy_tokens=8)
+    assert onnx.load(str(tmp_path / "m18" / "model.onnx")).opset_import[0].version == 18

@@ -1,0 +1,106 @@
+"""Generation through the runtime: stops, streaming, batches, and running without torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
+from gptedge.runtime.text_stream import TextStream
+from gptedge.runtime.tokenizer import encode
+
+
+def test_stop_at_max_new_tokens_and_seeded_sampling(gpt2_loaded):
+    a = gpt2_loaded.generate("Hello world", max_new_tokens=12, top_k=40, temperature=0.9, seed=3)
+    b = gpt2_loaded.generate("Hello world", max_new_tokens=12, top_k=40, temperature=0.9, seed=3)
+    c = gpt2_loaded.generate("Hello world", max_new_tokens=12, top_k=40, temperature=0.9, seed=4)
+    assert a.ids == b.ids and a.ids != c.ids
+    assert len(a.ids) == 12 and a.stop == "max_new_tokens" and a.prompt_ids == [15496, 995]
+    assert a.text == gpt2_loaded.decode(a.ids)
+
+
+def test_stop_at_eos(gpt2_model_dir):
+    from gptedge.runtime import load
+
+    loaded = load(gpt2_model_dir, device="cpu")
+    first = loaded.generate("Hello", max_new_tokens=20, greedy=True).ids
+    # Declare a token the model produces the end of text: generation must stop right after it.
+    k = next((i for i in range(1, len(first)) if first[i] not in first[:i]), 0)
+    loaded.manifest = loaded.manifest.replace(eos_id=first[k])
+    out = loaded.generate("Hello", max_new_tokens=20, greedy=True)
+    assert out.ids == first[: k + 1] and out.stop == "eos"
+
+
+def test_stop_at_context_limit_is_reported(gpt2_loaded):
+    prompt = list(range(100, 100 + 120))  # context holds 128
+    out = gpt2_loaded.generate(prompt, max_new_tokens=50, greedy=True)
+    assert len(out.ids) == 8 and out.stop == "context"
+
+
+def test_prompt_longer_than_context(gpt2_loaded):
+    with pytest.raises(PromptTooLongError, match="prompt is 128 tokens; the model's context holds 128"):
+        gpt2_loaded.generate(list(range(128)), max_new_tokens=1)
+
+
+def test_bad_generation_arguments(gpt2_loaded):
+    with pytest.raises(InvalidArgumentError, match="max_new_tokens"):
+        gpt2_loaded.generate("Hi", max_new_tokens=0)
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        gpt2_loaded.generate("", max_new_tokens=3)
+    with pytest.raises(InvalidArgumentError, match="top_p"):
+        gpt2_loaded.generate("Hi", top_p=2.0)
+
+
+def test_stop_string_ends_text_and_is_never_streamed(gpt2_loaded):
+    full = gpt2_loaded.generate("Hello world", max_new_tokens=20, greedy=True)
+    stop = full.text[5:9]  # something the model will produce
+    pieces = list(gpt2_loaded.stream("Hello world", max_new_tokens=20, greedy=True, stop=[stop]))
+    out = gpt2_loaded.last_generation
+    assert out.stop == "stop_string"
+    assert "".join(pieces) == out.text == full.text[: full.text.find(stop)]
+    assert stop not in "".join(pieces)
+
+
+def test_stream_concatenation_equals_text(gpt2_loaded):
+    pieces = list(gpt2_loaded.stream("It is a truth", max_new_tokens=30, top_k=50, seed=1))
+    assert "".join(pieces) == gpt2_loaded.last_generation.text
+    assert len(pieces) > 5
+
+
+def test_stream_holds_back_split_multibyte_characters(gpt2_loaded):
+    tok = gpt2_loaded.tokenizer
+    text = "é🦙日本"
+    ids = encode(tok, text)
+    assert len(ids) > len(text)  # characters really are split over tokens
+    stream = TextStream(tok)
+    pieces = [stream.push(i) for i in ids] + [stream.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+@pytest.mark.parametrize("sampling", [{"greedy": True}, {"top_k": 20, "temperature": 0.8, "seed": 5}])
+def test_batch_with_left_padding_equals_one_at_a_time(gpt2_loaded, sampling):
+    prompts = ["Hello world", "It is a truth universally acknowledged that", "In"]
+    batch = gpt2_loaded.generate_batch(prompts, max_new_tokens=16, **sampling)
+    for prompt, got in zip(prompts, batch):
+        alone = gpt2_loaded.generate(prompt, max_new_tokens=16, **sampling)
+        assert got.ids == alone.ids and got.text == alone.text
+
+
+def test_runtime_runs_with_torch_unimportable(gpt2_model_dir):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["torch"] = None  # any import of torch now raises ImportError
+        import gptedge.runtime as rt
+        m = rt.load({str(gpt2_model_dir)!r}, device="cpu")
+        out = m.generate("Hello world", max_new_tokens=8, greedy=True)
+        assert len(out.ids) == 8, out
+        assert not any(name == "torch" or name.startswith("torch.") for name in sys.modules if sys.modules[name])
+        print("ok", out.ids)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok")
