@@ -115,6 +115,123 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
          f"decode {result.tokens_per_s:.1f} tok/s")
 
 
+def _progress(label: str):
+    """A progress bar on stderr, driven by the library's (done, total) callbacks."""
+    state = {}
+
+    def update(done: int, total: int) -> None:
+        if "bar" not in state:
+            state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr)
+            state["bar"].__enter__()
+            state["seen"] = 0
+        state["bar"].update(done - state["seen"])
+        state["seen"] = done
+        if done >= total:
+            state.pop("bar").__exit__(None, None, None)
+
+    return update
+
+
+def _read_text(path: str) -> str:
+    try:
+        return open(path, encoding="utf-8").read()
+    except UnicodeDecodeError as e:
+        raise click.ClickException(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror}") from None
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("model", type=click.Path(path_type=str))
+@click.option("-o", "--out", required=True, type=click.Path(path_type=str), help="Model directory to write.")
+@click.option("--method", required=True, help="dynamic | static | weight-only")
+@click.option("--per-channel/--per-tensor", default=True, show_default=True, help="Weight scales (dynamic, static).")
+@click.option("--block-size", default=32, show_default=True, type=int, help="Weight-only: weights per scale.")
+@click.option("--accuracy-level", default=0, show_default=True, type=int,
+              help="Weight-only: 0 keeps activations float; 4 computes in int8 (faster, less exact).")
+@click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products).")
+@click.option("--calibration", type=click.Path(dir_okay=False, path_type=str), help="Static: calibration text file.")
+@click.option("--calibration-sequences", default=32, show_default=True, type=int)
+@click.option("--calibration-length", default=128, show_default=True, type=int, help="Tokens per sequence.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@one_line_errors
+def quantize(model: str, out: str, method: str, per_channel: bool, block_size: int, accuracy_level: int,
+             quantize_attention: bool, calibration: str | None, calibration_sequences: int, calibration_length: int,
+             force: bool) -> None:
+    """Write an INT8 variant of the fp32 model dir MODEL into OUT; the manifest records the recipe."""
+    q = import_extra("gptedge.quantize.quantizer", "quantize")
+    recipe = q.QuantizeRecipe(method=method, per_channel=per_channel, block_size=block_size,
+                              accuracy_level=accuracy_level, quantize_attention=quantize_attention,
+                              calibration_sequences=calibration_sequences, calibration_length=calibration_length)
+    text = _read_text(calibration) if calibration else None
+    manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
+                                    progress=_progress("calibrating"))
+    check = manifest.parity["vs_fp32"]
+    diag(f"quantized {model} -> {out} ({method}): {sum(manifest.quantization['quantized_nodes'].values())} nodes "
+         f"quantized; vs fp32 on seeded ids: top-1 {check['top1_agreement']:.2%}, "
+         f"max |logit diff| {check['max_abs_logit_diff']:.3g}")
+
+
+@main.command(name="eval", context_settings=CONTEXT)
+@click.argument("model", type=click.Path(path_type=str))
+@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--stride", default=None, type=int, help="Sliding-window stride (default: half the context).")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def eval_(model: str, text_file: str, stride: int | None, device: str, as_json: bool) -> None:
+    """Perplexity of MODEL over the whole of a text file."""
+    from gptedge.runtime import load
+    from gptedge.runtime.evaluate import perplexity
+
+    loaded = load(model, device=device)
+    ids = loaded.encode(_read_text(text_file))
+    result = perplexity(loaded, ids, stride, progress=_progress("evaluating"))
+    if as_json:
+        click.echo(json.dumps({"model": model, "text": text_file, **result.to_dict()}))
+    else:
+        click.echo(f"perplexity {result.perplexity:.4f} over {result.tokens:,} tokens "
+                   f"({result.tokens_per_s:,.0f} tokens/s)")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("ref", type=click.Path(path_type=str))
+@click.argument("models", nargs=-1, type=click.Path(path_type=str))
+@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--prompts", default=8, show_default=True, type=int, help="Greedy agreement: number of prompts.")
+@click.option("--new-tokens", default=32, show_default=True, type=int, help="Greedy agreement: tokens per prompt.")
+@click.option("--max-tokens", default=None, type=int, help="Use only the first N tokens of the text.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
+@click.option("--markdown", type=click.Path(dir_okay=False, path_type=str), help="Also write the table here.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=str), help="Also draw size vs Δppl and speed (PNG).")
+@one_line_errors
+def compare(ref: str, models: tuple[str, ...], text_file: str, prompts: int, new_tokens: int, max_tokens: int | None,
+            device: str, as_json: bool, markdown: str | None, plot: str | None) -> None:
+    """Compare MODELS against REF on one text: size, perplexity, agreement, KL, speed."""
+    from gptedge.runtime import load
+    from gptedge.runtime.compare import compare as run_compare
+    from gptedge.runtime.compare import markdown_table
+    from gptedge.runtime.manifest import write_text_atomic
+
+    loaded = [load(m, device=device) for m in (ref, *models)]
+    ids = loaded[0].encode(_read_text(text_file))[: max_tokens or None]
+    rows = run_compare(loaded, ids, prompts=prompts, new_tokens=new_tokens, progress=_progress("comparing"))
+    table = markdown_table(rows, len(ids), text_file)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+    else:
+        click.echo(table, nl=False)
+    if markdown:
+        write_text_atomic(markdown, table)
+        diag(f"wrote {markdown}")
+    if plot:
+        from gptedge.runtime.plot import plot_compare
+
+        plot_compare(rows, plot, f"gptedge compare on {text_file} ({len(ids):,} tokens)")
+        diag(f"wrote {plot}")
+
+
 @main.command(context_settings=CONTEXT)
 @click.argument("model", type=click.Path(path_type=str))
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")

@@ -35,3 +35,7 @@ class ParityError(GptEdgeError):
 
 class OutputExistsError(GptEdgeError):
     """The output directory exists and --force was not given."""
+
+
+class QuantizationError(GptEdgeError):
+    """A model cannot be quantized as asked (already quantized, calibration text too short, ...)."""

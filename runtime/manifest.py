@@ -98,11 +98,16 @@ def read_manifest(model_dir: str | Path) -> Manifest:
     return Manifest.from_dict(data)
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON next to its final name, then rename, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write next to the final name, then rename, so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def write_manifest(model_dir: str | Path, manifest: Manifest) -> None:

@@ -1,0 +1,44 @@
+"""Quantization math, apart from the graph surgery that applies it. Pure numpy, symmetric int8."""
+
+from __future__ import annotations
+
+import numpy as np
+
+QMAX = 127  # symmetric: -127..127, so -x quantizes exactly like x
+
+
+def _scale(absmax: np.ndarray) -> np.ndarray:
+    return np.where(absmax > 0, absmax / QMAX, 1.0).astype(np.float32)
+
+
+def quantize_columns(w: np.ndarray, per_channel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """W (K, N) float -> (int8 (K, N), scale (N,)): one scale per output column, or one for all."""
+    absmax = np.abs(w).max(axis=0) if per_channel else np.full(w.shape[1], np.abs(w).max())
+    scale = _scale(absmax)
+    q = np.clip(np.rint(w / scale), -QMAX, QMAX).astype(np.int8)
+    return q, scale
+
+
+def quantize_rows(w: np.ndarray, per_channel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """E (V, C) float -> (int8 (V, C), scale (V,)): one scale per row (vocabulary entry)."""
+    q, scale = quantize_columns(w.T, per_channel)
+    return q.T, scale
+
+
+def quantize_blocks_u8(w_rows: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (N, K) -> MatMulNBits 8-bit layout: (uint8 (N, K/bs, bs) with zero point 128, scales (N, K/bs)).
+
+    One scale per block of `block_size` consecutive weights along K; K must be a multiple of it.
+    """
+    n, k = w_rows.shape
+    if k % block_size:
+        raise ValueError(f"K={k} is not a multiple of block size {block_size}")
+    blocks = w_rows.reshape(n, k // block_size, block_size)
+    scale = _scale(np.abs(blocks).max(axis=-1))  # (N, K/bs)
+    q = np.clip(np.rint(blocks / scale[..., None]), -QMAX, QMAX).astype(np.int16) + 128
+    return q.astype(np.uint8), scale
+
+
+def dequantize_blocks_u8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Inverse of quantize_blocks_u8 -> rows (N, K) float32."""
+    return ((q.astype(np.float32) - 128.0) * scale[..., None]).reshape(q.shape[0], -1)

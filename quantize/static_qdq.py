@@ -1,0 +1,133 @@
+"""Static INT8: QDQ with activation ranges calibrated on real text (ONNX Runtime's calibrator).
+
+The tied embedding / LM head is first rewritten so one (C, V) weight serves both: the LM head
+as a plain MatMul (which the QDQ quantizer quantizes per vocabulary column), the embedding as
+a Gather along axis 1. After quantization the Gather is pointed at the quantized weight, so
+the weight is stored once, in int8.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from gptedge.runtime import contract as C
+from gptedge.runtime.errors import QuantizationError
+
+from .graph_rewrite import Rewrite
+
+log = logging.getLogger(__name__)
+
+
+def untie_to_matmul(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """Gather(wte (V, C)) + Gemm(h, wte, transB) -> Gather(wte_t (C, V), axis=1) + MatMul(h, wte_t)."""
+    r = Rewrite(model)
+    wte, gather, gemm = r.tied_embedding()
+    wt = r.init(f"{wte}.t", np.ascontiguousarray(r.weights[wte].T))  # (C, V)
+    for node in model.graph.node:
+        if node is gather:
+            out = node.output[0]
+            r.node("Gather", [wt, node.input[1]], [f"{out}.cbs"], node.name, axis=1)  # (C, B, S)
+            r.node("Transpose", [f"{out}.cbs"], [out], f"{node.name}.t", perm=[1, 2, 0])  # (B, S, C)
+        elif node is gemm:
+            r.node("MatMul", [node.input[0], wt], list(node.output), node.name)
+        else:
+            r.new_nodes.append(node)
+    return r.finish("gptedge untied for QDQ"), wt
+
+
+def point_gather_at_quantized(model: onnx.ModelProto, wt: str) -> onnx.ModelProto:
+    """Make the embedding Gather read the int8 weight the quantizer made for the LM head, then dequantize."""
+    inits = {t.name: t for t in model.graph.initializer}
+    q_name, s_name = f"{wt}_quantized", f"{wt}_scale"
+    if q_name not in inits or s_name not in inits:
+        raise QuantizationError("static quantization did not quantize the LM head weight")
+    scale = numpy_helper.to_array(inits[s_name])
+    nodes: list[onnx.NodeProto] = []
+    extra: list[onnx.TensorProto] = []
+    for node in model.graph.node:
+        if node.op_type == "Gather" and node.input[0] == wt:
+            ids, mid = node.input[1], node.output[0]
+            nodes.append(helper.make_node("Gather", [q_name, ids], [f"{mid}.q"], name=node.name, axis=1))  # (C, B, S) int8
+            nodes.append(helper.make_node("Cast", [f"{mid}.q"], [f"{mid}.f"], name=f"{node.name}.cast", to=TensorProto.FLOAT))
+            if scale.ndim == 0:  # per-tensor
+                nodes.append(helper.make_node("Mul", [f"{mid}.f", s_name], [mid], name=f"{node.name}.dequantize"))
+            else:  # per vocabulary entry: scale (V,) gathered to (B, S), broadcast over C
+                nodes.append(helper.make_node("Gather", [s_name, ids], [f"{mid}.s"], name=f"{node.name}.scale"))
+                nodes.append(helper.make_node("Mul", [f"{mid}.f", f"{mid}.s"], [mid], name=f"{node.name}.dequantize"))
+        else:
+            nodes.append(node)
+    used = {i for n in nodes for i in n.input}
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    kept = [t for t in list(model.graph.initializer) + extra if t.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
+
+
+class TextCalibrationReader:
+    """Feeds prefill windows of real text (empty past) to ONNX Runtime's calibrator."""
+
+    def __init__(self, windows: list[list[int]], n_layer: int, n_head: int, head_dim: int,
+                 progress: Callable[[int, int], None] | None = None):
+        self.windows, self.n_layer, self.n_head, self.head_dim = windows, n_layer, n_head, head_dim
+        self.progress = progress
+        self.i = 0
+
+    def get_next(self) -> dict | None:
+        if self.i >= len(self.windows):
+            return None
+        ids = np.array([self.windows[self.i]], dtype=np.int64)
+        self.i += 1
+        if self.progress:
+            self.progress(self.i, len(self.windows))
+        feeds = {C.INPUT_IDS: ids, C.ATTENTION_MASK: np.ones_like(ids), C.POSITION_IDS: np.arange(ids.shape[1])[None]}
+        empty = np.zeros((1, self.n_head, 0, self.head_dim), np.float32)
+        feeds.update({name: empty for name in C.IONames(self.n_layer).past_names})
+        return feeds
+
+    def rewind(self) -> None:
+        self.i = 0
+
+
+def calibration_windows(ids: list[int], sequences: int, length: int) -> list[list[int]]:
+    """`sequences` windows of `length` tokens spread evenly over the text."""
+    if len(ids) < length + 1 or sequences < 1:
+        raise QuantizationError(f"calibration text has {len(ids)} tokens; static quantization needs at least "
+                                f"{length + 1} (one window of --calibration-length {length})")
+    starts = np.linspace(0, len(ids) - length, num=min(sequences, len(ids) - length + 1)).astype(int)
+    return [ids[s:s + length] for s in starts]
+
+
+def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, per_channel: bool = True,
+                        quantize_attention: bool = False) -> onnx.ModelProto:
+    untied, wt = untie_to_matmul(model)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer logs advice meant for image models on the root logger
+    try:
+        quantized = _quantize_file(untied, reader, per_channel, quantize_attention)
+    finally:
+        root.setLevel(level)
+    return point_gather_at_quantized(quantized, wt)
+
+
+def _quantize_file(untied: onnx.ModelProto, reader, per_channel: bool, quantize_attention: bool) -> onnx.ModelProto:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    with tempfile.TemporaryDirectory(prefix="gptedge-static-") as tmp:
+        src, dst = Path(tmp) / "untied.onnx", Path(tmp) / "static.onnx"
+        onnx.save_model(untied, str(src))
+        quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                        calibrate_method=CalibrationMethod.MinMax,
+                        extra_options={"MatMulConstBOnly": not quantize_attention},
+                        calibration_providers=["CPUExecutionProvider"])
+        return onnx.load(str(dst))
