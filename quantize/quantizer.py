@@ -61,7 +61,8 @@ def describe(recipe: QuantizeRecipe) -> dict:
         weights, activations = f"s8 symmetric, {scales} (QDQ)", "u8, ranges calibrated on text (QDQ)"
         embedding = "tied weight stored once as int8 (C, V) QDQ; LM head MatMul, embedding Gather(axis=1) of the same int8 weight"
     return {**asdict(recipe), "weights": weights, "activations": activations, "embedding_and_lm_head": embedding,
-            "attention_products": "int8" if recipe.quantize_attention else "float"}
+            "attention_products": "int8" if recipe.quantize_attention else "float",
+            "kept_float": "position embedding, LayerNorms, biases"}
 
 
 def _check_source(model_dir: Path) -> Manifest:

@@ -50,9 +50,10 @@ def point_gather_at_quantized(model: onnx.ModelProto, wt: str) -> onnx.ModelProt
         raise QuantizationError("static quantization did not quantize the LM head weight")
     scale = numpy_helper.to_array(inits[s_name])
     nodes: list[onnx.NodeProto] = []
-    extra: list[onnx.TensorProto] = []
     for node in model.graph.node:
-        if node.op_type == "Gather" and node.input[0] == wt:
+        # The quantizer points every user of the weight at its DequantizeLinear output; a Gather on that
+        # would dequantize the whole (C, V) matrix on every run, so it reads the int8 weight instead.
+        if node.op_type == "Gather" and node.input[0] in (wt, f"{wt}_DequantizeLinear_Output"):
             ids, mid = node.input[1], node.output[0]
             nodes.append(helper.make_node("Gather", [q_name, ids], [f"{mid}.q"], name=node.name, axis=1))  # (C, B, S) int8
             nodes.append(helper.make_node("Cast", [f"{mid}.q"], [f"{mid}.f"], name=f"{node.name}.cast", to=TensorProto.FLOAT))
@@ -66,7 +67,7 @@ def point_gather_at_quantized(model: onnx.ModelProto, wt: str) -> onnx.ModelProt
     used = {i for n in nodes for i in n.input}
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    kept = [t for t in list(model.graph.initializer) + extra if t.name in used]
+    kept = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
     return model

@@ -34,7 +34,8 @@ def sliding_windows(n_tokens: int, context: int, stride: int | None = None) -> l
         end = min(begin + context, n_tokens)
         windows.append(Window(begin, end, scored))
         scored = end
-        begin = max(0, end - context + stride) if end < n_tokens else end
+        # The next window keeps context - stride tokens of history, and always at least one.
+        begin = max(0, min(end - context + stride, end - 1))
     return windows
 
 

@@ -1,0 +1,104 @@
+"""gptedge eval (sliding-window perplexity) and compare, checked against PyTorch."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gptedge.cli import main
+from gptedge.export.reference import GPT
+from gptedge.runtime.evaluate import perplexity, sliding_windows
+from gptedge.runtime.errors import InvalidArgumentError
+
+from .conftest import ROOT
+
+EXCERPT = ROOT / "samples" / "eval" / "persuasion_ch1-7.txt"
+
+
+@pytest.mark.parametrize("n, context, stride", [(2, 4, 2), (10, 4, 2), (1000, 128, 64), (257, 128, 128), (300, 128, 1)])
+def test_windows_score_every_target_once(n, context, stride):
+    windows = sliding_windows(n, context, stride)
+    scored = [t for w in windows for t in range(w.first_target, w.end)]
+    assert scored == list(range(1, n))
+    for w in windows:
+        assert w.end - w.begin <= context and w.begin < w.first_target
+        if w.begin > 0:
+            assert w.first_target - w.begin >= context - stride  # enough history before every scored token
+
+
+def test_windows_reject_short_text():
+    with pytest.raises(InvalidArgumentError, match="at least 2"):
+        sliding_windows(1, 8)
+
+
+@torch.no_grad()
+def reference_perplexity(model: GPT, ids: list[int], context: int, stride: int) -> float:
+    nll, count = 0.0, 0
+    for w in sliding_windows(len(ids), context, stride):
+        x = torch.tensor([ids[w.begin:w.end]])
+        logp = torch.log_softmax(model(x)[0][0].double(), dim=-1)
+        first = w.first_target - w.begin
+        targets = torch.tensor(ids[w.first_target:w.end])
+        nll -= logp[first - 1:-1].gather(1, targets[:, None]).sum().item()
+        count += len(targets)
+    return math.exp(nll / count)
+
+
+def test_eval_perplexity_equals_reference(gpt2_loaded, gpt2_checkpoint):
+    from gptedge.export.checkpoint import load_checkpoint
+
+    ref, _ = load_checkpoint(gpt2_checkpoint)
+    ids = gpt2_loaded.encode(EXCERPT.read_text(encoding="utf-8")[:8000])
+    got = perplexity(gpt2_loaded, ids, stride=64)
+    want = reference_perplexity(ref, ids, 128, 64)
+    assert got.tokens == len(ids) - 1
+    assert abs(got.perplexity / want - 1) <= 1e-4, (got.perplexity, want)
+
+
+def test_eval_cli_json(gpt2_model_dir, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(EXCERPT.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    result = CliRunner().invoke(main, ["eval", str(gpt2_model_dir), "--text", str(text), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["tokens"] > 500 and out["perplexity"] > 1 and out["tokens_per_s"] > 0
+
+
+def test_compare_cli_table_json_markdown_plot(gpt2_model_dir, tmp_path):
+    from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
+
+    quantize_model_dir(gpt2_model_dir, tmp_path / "dyn", QuantizeRecipe("dynamic"))
+    text = tmp_path / "t.txt"
+    text.write_text(EXCERPT.read_text(encoding="utf-8")[:4000], encoding="utf-8")
+    runner = CliRunner()
+    args = ["compare", str(gpt2_model_dir), str(tmp_path / "dyn"), "--text", str(text), "--prompts", "3",
+            "--new-tokens", "8"]
+    result = runner.invoke(main, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    keys = {"model", "size_bytes", "perplexity", "delta_ppl_pct", "top1_agreement", "kl", "greedy_agreement", "tokens_per_s"}
+    assert [r["method"] for r in rows] == ["fp32", "dynamic"] and keys <= set(rows[0])
+    ref, dyn = rows
+    assert ref["kl"] == pytest.approx(0, abs=1e-12) and ref["top1_agreement"] == 1 and ref["delta_ppl_pct"] == 0
+    assert ref["greedy_agreement"] == 1
+    assert 0 < dyn["kl"] < 0.01 and 0.8 < dyn["top1_agreement"] < 1 and dyn["size_bytes"] < ref["size_bytes"] / 3
+    result = runner.invoke(main, [*args, "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert "| model | method | size MB | perplexity | Δ ppl %" in result.stdout
+    table_rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "| model |" not in line]
+    assert [line.split(" | ")[1] for line in table_rows] == ["fp32", "dynamic"]
+    assert (tmp_path / "c.md").read_text(encoding="utf-8") == result.stdout
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_bad_text(gpt2_model_dir, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe\x00bad")
+    result = CliRunner().invoke(main, ["compare", str(gpt2_model_dir), "--text", str(bad)])
+    assert result.exit_code == 1 and "not UTF-8 text" in result.output
+    assert np.all([p.name == "bad.txt" for p in tmp_path.iterdir()])

@@ -1,0 +1,157 @@
+"""INT8 variants: structure (what is quantized, the tied weight stored once, sizes) and bad input."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from gptedge.cli import main
+from gptedge.quantize import int8_math as qm
+from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
+from gptedge.runtime import load
+from gptedge.runtime.errors import InvalidArgumentError, ModelDirError, QuantizationError
+
+from .conftest import ROOT
+
+EXCERPT = ROOT / "samples" / "eval" / "persuasion_ch1-7.txt"
+METHODS = ["dynamic", "static", "weight-only"]
+
+
+@pytest.fixture(scope="module")
+def quantized_dirs(tmp_path_factory, gpt2_model_dir):
+    text = EXCERPT.read_text(encoding="utf-8")[:20000]
+    base = tmp_path_factory.mktemp("q")
+    return {m: (quantize_model_dir(gpt2_model_dir, base / m, QuantizeRecipe(m, calibration_sequences=4),
+                                   calibration_text=text), base / m) for m in METHODS}
+
+
+def graph(model_dir):
+    return onnx.load(str(model_dir / "model.onnx"))
+
+
+def test_int8_math_round_trips():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(64, 48)).astype(np.float32)
+    q, s = qm.quantize_columns(w)
+    assert q.dtype == np.int8 and s.shape == (48,) and np.abs(q).max() == 127
+    assert np.abs(q * s - w).max() <= s.max() / 2 + 1e-7
+    qb, sb = qm.quantize_blocks_u8(w.T, 32)
+    assert qb.shape == (48, 2, 32) and sb.shape == (48, 2)
+    assert np.abs(qm.dequantize_blocks_u8(qb, sb) - w.T).max() <= sb.max() / 2 + 1e-7
+    _, s_tensor = qm.quantize_columns(w, per_channel=False)
+    assert np.unique(s_tensor).size == 1
+
+
+def test_manifest_records_recipe(quantized_dirs):
+    for method, (manifest, out) in quantized_dirs.items():
+        on_disk = json.loads((out / "gptedge.json").read_text())
+        assert on_disk["precision"] == "int8" and on_disk["quantization"]["method"] == method
+        assert "stored once" in on_disk["quantization"]["embedding_and_lm_head"]
+        assert on_disk["quantization"]["attention_products"] == "float"
+        assert on_disk["parity"]["vs_fp32"]["top1_agreement"] > 0.85
+        assert {p.name for p in out.iterdir()} >= {"model.onnx", "tokenizer.json", "config.json", "gptedge.json"}
+
+
+def test_every_linear_and_the_tied_weight_quantized_attention_float(quantized_dirs):
+    n_layer = 2
+    ops = {m: Counter(n.op_type for n in graph(out).graph.node) for m, (_, out) in quantized_dirs.items()}
+    # 4 linears per layer + the LM head
+    assert ops["dynamic"]["DynamicQuantizeMatMul"] == 4 * n_layer + 1
+    assert ops["weight-only"]["MatMulNBits"] == 4 * n_layer + 1
+    for m in METHODS:  # QK^T and PV stay float MatMuls
+        float_matmuls = [n for n in graph(quantized_dirs[m][1]).graph.node if n.op_type == "MatMul"
+                         and n.name.endswith((".qk", ".pv"))]
+        assert len(float_matmuls) == 2 * n_layer, m
+        assert ops[m]["MatMulInteger"] == 0
+    static = graph(quantized_dirs["static"][1])
+    dq_weights = [n.input[0] for n in static.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized")]
+    assert len(dq_weights) == 4 * n_layer + 1
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_float_weight_left_and_tied_weight_stored_once(quantized_dirs, method):
+    model = graph(quantized_dirs[method][1])
+    vocab_sized = [t for t in model.graph.initializer if 50257 in t.dims]
+    big = [t for t in vocab_sized if np.prod(t.dims) >= 50257 * 32]
+    assert len(big) == 1, [t.name for t in big]  # the one embedding / LM head weight
+    assert big[0].data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+    users = [n.op_type for n in model.graph.node if big[0].name in n.input]
+    lm_head = {"dynamic": "DynamicQuantizeMatMul", "weight-only": "MatMulNBits", "static": "DequantizeLinear"}[method]
+    assert sorted(users) == sorted(["Gather", lm_head])
+    float_weights = [t.name for t in model.graph.initializer
+                     if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2 and min(t.dims) >= 32]
+    assert float_weights == ["wpe.weight"]  # positions stay float: 0.6 % of GPT-2 small, read one row per token
+
+
+def test_sizes_shrink(quantized_dirs, gpt2_model_dir):
+    fp32 = (gpt2_model_dir / "model.onnx").stat().st_size
+    for method, (_, out) in quantized_dirs.items():
+        size = (out / "model.onnx").stat().st_size
+        assert 0.24 * fp32 < size < 0.34 * fp32, (method, size / fp32)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_runtime_runs_quantized_unchanged(quantized_dirs, method):
+    loaded = load(quantized_dirs[method][1], device="cpu")
+    out = loaded.generate("It is a truth", max_new_tokens=8, greedy=True)
+    assert len(out.ids) == 8 and loaded.manifest.precision == "int8"
+
+
+def test_quantized_attention_option(gpt2_model_dir, tmp_path):
+    m = quantize_model_dir(gpt2_model_dir, tmp_path / "qa", QuantizeRecipe("dynamic", quantize_attention=True))
+    ops = Counter(n.op_type for n in graph(tmp_path / "qa").graph.node)
+    assert ops["MatMulInteger"] == 4 and m.quantization["attention_products"] == "int8"
+
+
+def test_per_tensor_option(gpt2_model_dir, tmp_path):
+    quantize_model_dir(gpt2_model_dir, tmp_path / "pt", QuantizeRecipe("dynamic", per_channel=False))
+    scales = [t for t in graph(tmp_path / "pt").graph.initializer if t.name.endswith("c_fc.weight.scale")]
+    assert np.unique(onnx.numpy_helper.to_array(scales[0])).size == 1
+
+
+# --- bad input: one line, nothing written ----------------------------------------------------------
+
+
+def test_already_quantized(quantized_dirs, tmp_path):
+    with pytest.raises(QuantizationError, match="already quantized"):
+        quantize_model_dir(quantized_dirs["dynamic"][1], tmp_path / "again", QuantizeRecipe("dynamic"))
+    assert not (tmp_path / "again").exists()
+
+
+def test_calibration_text_too_short(gpt2_model_dir, tmp_path):
+    with pytest.raises(QuantizationError, match="calibration text has 3 tokens"):
+        quantize_model_dir(gpt2_model_dir, tmp_path / "s", QuantizeRecipe("static"), calibration_text="Hello world!")
+    with pytest.raises(QuantizationError, match="needs --calibration"):
+        quantize_model_dir(gpt2_model_dir, tmp_path / "s", QuantizeRecipe("static"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dir_without_manifest(tmp_path):
+    with pytest.raises(ModelDirError, match="no gptedge.json"):
+        quantize_model_dir(tmp_path, tmp_path / "out", QuantizeRecipe("dynamic"))
+
+
+def test_unknown_method():
+    with pytest.raises(InvalidArgumentError, match="unknown method 'int3'"):
+        QuantizeRecipe("int3")
+
+
+def test_cli_quantize_errors_are_one_line(gpt2_model_dir, quantized_dirs, tmp_path):
+    runner = CliRunner()
+    for args, message in [
+        (["--method", "int3"], "unknown method 'int3'"),
+        (["--method", "static"], "needs --calibration"),
+        (["--method", "weight-only", "--block-size", "24"], "power of two"),
+    ]:
+        result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"), *args])
+        assert result.exit_code == 1 and result.output.strip().splitlines()[-1].startswith("Error: ")
+        assert message in result.output
+    result = runner.invoke(main, ["quantize", str(quantized_dirs["static"][1]), "-o", str(tmp_path / "x"),
+                                  "--method", "dynamic"])
+    assert "already quantized (static)" in result.output
+    assert not (tmp_path / "x").exists()
