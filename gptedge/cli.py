@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -87,7 +89,7 @@ def _sampling_options(fn):
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("model", type=click.Path(path_type=str))
+@click.argument("model", required=False, type=click.Path(path_type=str))
 @click.option("-p", "--prompt", required=True, help="Text to continue.")
 @_sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
@@ -95,8 +97,13 @@ def _sampling_options(fn):
 def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: float, temperature: float,
              repetition_penalty: float, seed: int | None, greedy: bool, stop: tuple[str, ...], device: str,
              threads: int | None, as_json: bool) -> None:
-    """Continue PROMPT with the model in MODEL; text on stdout, timings on stderr."""
+    """Continue PROMPT with the model in MODEL (default: the shipped sample model); text on stdout, timings on stderr."""
     from gptedge.runtime import load
+
+    if model is None:
+        from gptedge.sample import sample_model_dir
+
+        model = str(sample_model_dir())
 
     loaded = load(model, device=device, threads=threads)
     loaded.tokenizer  # fail on a missing tokenizer before anything is printed
@@ -230,6 +237,68 @@ def compare(ref: str, models: tuple[str, ...], text_file: str, prompts: int, new
 
         plot_compare(rows, plot, f"gptedge compare on {text_file} ({len(ids):,} tokens)")
         diag(f"wrote {plot}")
+
+
+def _peer_source(model_dir: str, source: str | None) -> Path:
+    """The HF checkpoint the peers load: --source, or what the manifest says the model came from."""
+    from gptedge.runtime.manifest import read_manifest
+
+    if source:
+        return Path(source)
+    m = read_manifest(model_dir).source
+    path = m.get("path") or (m.get("fp32_source") or {}).get("path")
+    if not path or not Path(path, "config.json").is_file():
+        raise click.ClickException(f"{model_dir}: no HF checkpoint recorded for the peers; pass --source DIR")
+    return Path(path)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("models", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--prompt", "prompt_len", default=32, show_default=True, type=int, help="Prompt tokens.")
+@click.option("--new", "new_tokens", default=128, show_default=True, type=int, help="New tokens (greedy).")
+@click.option("--batch", default=1, show_default=True, type=int)
+@click.option("--context", default=None, type=int, help="Decode up to this many tokens: prompt = CONTEXT - NEW.")
+@click.option("--threads", default=2, show_default=True, type=int)
+@click.option("--repeat", default=3, show_default=True, type=int, help="Timed runs per row (median reported).")
+@click.option("--peers", default="", help="Comma list of torch, optimum, ctranslate2 (same weights, same run).")
+@click.option("--source", type=click.Path(file_okay=False, path_type=str), help="HF checkpoint for the peers.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int, context: int | None, threads: int,
+          repeat: int, peers: str, source: str | None, device: str, as_json: bool) -> None:
+    """Decode speed of MODELS (and peers) side by side: load time, first token, tok/s, peak RSS."""
+    import platform
+
+    from gptedge.runtime.bench import bench_gptedge, bench_prompts
+    from gptedge.runtime.manifest import read_manifest
+
+    shape = read_manifest(models[0]).shape
+    if context:
+        prompt_len = context - new_tokens
+    if prompt_len < 1 or prompt_len + new_tokens > shape.context_length:
+        raise click.ClickException(f"prompt {prompt_len} + new {new_tokens} tokens do not fit the context "
+                                   f"of {shape.context_length}")
+    prompts = bench_prompts(shape.vocab_size, batch, prompt_len)
+    rows = [bench_gptedge(m, prompts, new_tokens, threads, repeat, device, name=f"gptedge {Path(m).name}")
+            for m in models]
+    peer_names = [p.strip() for p in peers.split(",") if p.strip()]
+    if peer_names:
+        from gptedge.peers import bench_peers
+
+        rows += bench_peers(peer_names, _peer_source(models[0], source), Path(models[0]), prompts, new_tokens,
+                            threads, repeat)
+    setup = {"batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens, "threads": threads,
+             "repeat": repeat, "device": device, "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+             "python": platform.python_version()}
+    if as_json:
+        click.echo(json.dumps({"setup": setup, "rows": [r.to_dict() for r in rows]}, indent=2))
+        return
+    click.echo(f"batch {batch}, prompt {prompt_len}, new {new_tokens} (greedy), {threads} threads, median of {repeat}")
+    click.echo("| engine | load s | first token ms | decode tok/s | peak RSS MB | notes |")
+    click.echo("|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        click.echo(f"| {r.name} | {r.load_s:.2f} | {1000 * r.ttft_s:.1f} | {r.decode_tok_s:.1f} | {r.peak_rss_mb:.0f} | {r.notes} |")
 
 
 @main.command(context_settings=CONTEXT)

@@ -68,18 +68,24 @@ class LoadedModel:
         return decode(self.tokenizer, list(ids))
 
     # -- generation ----------------------------------------------------------------------------------
-    def _generation(self, prompts, max_new_tokens, stop, with_text, **sampling):
+    def _generation(self, prompts, max_new_tokens, stop, with_text, ignore_eos=False, **sampling):
         params = SamplingParams(**sampling)
         ids = [self.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         pad = self.manifest.pad_id if self.manifest.pad_id is not None else (self.manifest.eos_id or 0)
+        eos = None if ignore_eos else self.manifest.eos_id
         return run_generation(self._step, self.kv, ids, params, max_new_tokens, self.manifest.shape.context_length,
-                              self.manifest.eos_id, pad, self.tokenizer if with_text else None, stop)
+                              eos, pad, self.tokenizer if with_text else None, stop)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64,
-                       stop: Sequence[str] = (), **sampling) -> list[Generation]:
-        """Prompts as text or ids, left-padded into one batch -> one Generation per prompt."""
-        with_text = any(isinstance(p, str) for p in prompts) or (self.model_dir / TOKENIZER_FILE).is_file()
-        gen = self._generation(prompts, max_new_tokens, stop, with_text, **sampling)
+                       stop: Sequence[str] = (), ignore_eos: bool = False, with_text: bool | None = None,
+                       **sampling) -> list[Generation]:
+        """Prompts as text or ids, left-padded into one batch -> one Generation per prompt.
+
+        ignore_eos: keep going past the end-of-text token (benchmarks); with_text: decode as we go
+        (default: when the model dir has a tokenizer)."""
+        if with_text is None:
+            with_text = any(isinstance(p, str) for p in prompts) or (self.model_dir / TOKENIZER_FILE).is_file()
+        gen = self._generation(prompts, max_new_tokens, stop, with_text, ignore_eos, **sampling)
         while True:
             try:
                 next(gen)
