@@ -41,7 +41,7 @@ class GraphWriter:
         return self.op(op_type, inputs, **kw)[0]
 
     def const(self, name: str, value: np.ndarray) -> str:
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.initializers.append(numpy_helper.from_array(np.require(value, requirements="C"), name))
         return name
 
 
@@ -105,6 +105,15 @@ def _allowed_mask(g: GraphWriter) -> str:
     return g.one("And", [causal, pad], name="attention_allowed")
 
 
+def _keep_last_positions(g: GraphWriter, h: str) -> str:
+    """h (B, S, C) -> (B, K, C): the last K = logits_to_keep positions, or all S when it is 0."""
+    seq = g.one("Shape", [h], start=1, end=2)  # [S]
+    keep = g.one("Reshape", [C.LOGITS_TO_KEEP, "const_int_one_1d"])  # [K]
+    start = g.one("Where", [g.one("Greater", [keep, "const_int_zero_1d"]),
+                            g.one("Max", [g.one("Sub", [seq, keep]), "const_int_zero_1d"]), "const_int_zero_1d"])
+    return g.one("Slice", [h, start, seq, "const_axis_1"], name="keep_last_positions")
+
+
 def _constants(g: GraphWriter, cfg: GPTConfig) -> None:
     f32 = lambda v: np.array(v, dtype=np.float32)  # noqa: E731
     i64 = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
@@ -112,7 +121,8 @@ def _constants(g: GraphWriter, cfg: GPTConfig) -> None:
         "const_one": f32(1.0), "const_half": f32(0.5), "const_sqrt2": f32(math.sqrt(2.0)),
         "const_gelu_coef": f32(0.044715), "const_sqrt_2_over_pi": f32(math.sqrt(2.0 / math.pi)),
         "const_sqrt_head_dim": f32(math.sqrt(cfg.head_dim)), "const_float_min": f32(FLOAT_MIN),
-        "const_int_one": i64(1), "const_int_zero_1d": i64([0]), "const_axis_1": i64([1]), "const_axes_1_2": i64([1, 2]),
+        "const_int_one": i64(1), "const_int_one_1d": i64([1]), "const_int_zero_1d": i64([0]),
+        C.LOGITS_TO_KEEP: i64(0), "const_axis_1": i64([1]), "const_axes_1_2": i64([1, 2]),
         "const_qkv_split": i64([cfg.n_embd] * 3), "const_shape_heads": i64([0, 0, cfg.n_head, cfg.head_dim]),
         "const_shape_merge": i64([0, 0, cfg.n_embd]), "const_shape_rows": i64([-1, cfg.n_embd]),
         "const_vocab_1d": i64([cfg.vocab_size]),
@@ -139,9 +149,10 @@ def build_standard_graph(cfg: GPTConfig, weights: dict[str, np.ndarray], opset: 
             h = _layer_norm(g, g.one("Add", [n, _mlp(g, n, weights, cfg, i)]), weights, f"h.{i}.ln_2", eps)
     if cfg.arch == "gpt2":
         h = _layer_norm(g, h, weights, "ln_f", eps)
+    h = _keep_last_positions(g, h)  # (B, K, C)
     # Tied LM head: Gemm with transB reads wte (V, C) as is, so the weight is stored once.
-    rows = g.one("Gemm", [g.one("Reshape", [h, "const_shape_rows"]), wte], name="lm_head", transB=1)  # (B*S, V)
-    out_shape = g.one("Concat", [g.one("Shape", [C.INPUT_IDS]), "const_vocab_1d"], axis=0)
+    rows = g.one("Gemm", [g.one("Reshape", [h, "const_shape_rows"]), wte], name="lm_head", transB=1)  # (B*K, V)
+    out_shape = g.one("Concat", [g.one("Shape", [h], start=0, end=2), "const_vocab_1d"], axis=0)
     g.one("Reshape", [rows, out_shape], outputs=[C.LOGITS], name="logits_reshape")
     return _model(g, cfg, opset)
 
@@ -154,7 +165,9 @@ def _model(g: GraphWriter, cfg: GPTConfig, opset: int) -> onnx.ModelProto:
               helper.make_tensor_value_info(C.ATTENTION_MASK, i64, [C.DIM_BATCH, C.DIM_TOTAL]),
               helper.make_tensor_value_info(C.POSITION_IDS, i64, [C.DIM_BATCH, C.DIM_SEQ])]
     inputs += [helper.make_tensor_value_info(n, f32, kv) for n in C.IONames(cfg.n_layer).past_names]
-    outputs = [helper.make_tensor_value_info(C.LOGITS, f32, [C.DIM_BATCH, C.DIM_SEQ, cfg.vocab_size])]
+    # logits_to_keep is both an input and an initializer: an optional input with default 0.
+    inputs.append(helper.make_tensor_value_info(C.LOGITS_TO_KEEP, i64, []))
+    outputs = [helper.make_tensor_value_info(C.LOGITS, f32, [C.DIM_BATCH, C.DIM_LOGITS, cfg.vocab_size])]
     outputs += [helper.make_tensor_value_info(n, f32, kv_out) for n in C.IONames(cfg.n_layer).present_names]
     used = {name for node in g.nodes for name in node.input}
     initializers = [t for t in g.initializers if t.name in used]  # constants of the other architecture

@@ -32,7 +32,7 @@ class Rewrite:
         self.weights = {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
 
     def init(self, name: str, value: np.ndarray) -> str:
-        self.new_inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.new_inits.append(numpy_helper.from_array(np.require(value, requirements="C"), name))
         return name
 
     def node(self, op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs) -> None:

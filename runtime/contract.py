@@ -11,7 +11,10 @@ from dataclasses import dataclass
 INPUT_IDS = "input_ids"  # int64 [batch, seq]
 ATTENTION_MASK = "attention_mask"  # int64 [batch, past + seq]
 POSITION_IDS = "position_ids"  # int64 [batch, seq]
-LOGITS = "logits"  # float [batch, seq, vocab]  (graph "standard")
+LOGITS = "logits"  # float [batch, logits_length, vocab]
+# Optional int64 scalar, an overridable initializer defaulting to 0: logits for every position
+# (what Optimum and perplexity need). Generation feeds 1: the LM head runs on the last position only.
+LOGITS_TO_KEEP = "logits_to_keep"
 
 # Graph variants a manifest may name.
 GRAPH_STANDARD = "standard"  # logits for every position; serves prefill, decode and perplexity
@@ -52,6 +55,11 @@ class IONames:
         return [INPUT_IDS, ATTENTION_MASK, POSITION_IDS, *self.past_names]
 
     @property
+    def optional_inputs(self) -> list[str]:
+        """Inputs with a default (overridable initializers); graphs from other exporters may lack them."""
+        return [LOGITS_TO_KEEP]
+
+    @property
     def outputs(self) -> list[str]:
         return [LOGITS, *self.present_names]
 
@@ -61,3 +69,4 @@ DIM_BATCH = "batch_size"
 DIM_SEQ = "sequence_length"
 DIM_PAST = "past_sequence_length"
 DIM_TOTAL = "total_sequence_length"  # past + seq
+DIM_LOGITS = "logits_length"  # seq, or logits_to_keep when that is > 0

@@ -15,7 +15,7 @@ from .errors import ModelDirError
 from .generation import Generation, KVSpec, run_generation
 from .manifest import MANIFEST_NAME, Manifest, ModelShape, read_manifest
 from .sampling import SamplingParams
-from .session import make_session
+from .session import import_onnxruntime, make_session
 from .tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,11 @@ class LoadedModel:
                          _ORT_FLOAT.get(past_types.get(C.past_key(0)), np.float32))
         self._output_names = list(manifest.outputs)
         self._past_names = C.IONames(manifest.shape.n_layer).past_names
+        self._present_names = C.IONames(manifest.shape.n_layer).present_names
+        self._ort = import_onnxruntime()
+        overridable = {i.name for i in session.get_overridable_initializers()}
+        keep = np.array(1, dtype=np.int64)
+        self._keep_last = self._ort.OrtValue.ortvalue_from_numpy(keep) if C.LOGITS_TO_KEEP in overridable else None
 
     # -- graph I/O ---------------------------------------------------------------------------------
     @property
@@ -51,8 +56,19 @@ class LoadedModel:
         return logits.astype(np.float32, copy=False), presents
 
     def _step(self, input_ids, attention_mask, position_ids, past):
-        logits, presents = self.forward(input_ids, attention_mask, position_ids, past)
-        return logits[:, -1, :], presents  # (B, V)
+        """One generation step -> (last-position logits (B, V), presents as OrtValues).
+
+        Presents are never copied into numpy: they are fed back as the next step's past as they
+        are. Graphs with logits_to_keep run the LM head on the last position only."""
+        value = self._ort.OrtValue.ortvalue_from_numpy
+        feeds = {C.INPUT_IDS: value(input_ids), C.ATTENTION_MASK: value(attention_mask),
+                 C.POSITION_IDS: value(position_ids)}
+        if self._keep_last is not None:
+            feeds[C.LOGITS_TO_KEEP] = self._keep_last
+        for name, kv in zip(self._past_names, past):
+            feeds[name] = value(kv) if isinstance(kv, np.ndarray) else kv
+        logits, *presents = self.session.run_with_ort_values(self._output_names, feeds)
+        return logits.numpy()[:, -1, :].astype(np.float32, copy=False), presents  # (B, V)
 
     # -- text ----------------------------------------------------------------------------------------
     @property

@@ -55,7 +55,9 @@ def test_export_records_parity_in_manifest(gpt2_model_dir):
 def test_graph_contract_names_dtypes_and_dynamic_axes(gpt2_model_dir):
     model = onnx.load(str(gpt2_model_dir / "model.onnx"))
     names = C.IONames(2)
-    assert [i.name for i in model.graph.input] == names.inputs
+    assert [i.name for i in model.graph.input] == names.inputs + names.optional_inputs
+    keep = next(t for t in model.graph.initializer if t.name == C.LOGITS_TO_KEEP)
+    assert onnx.numpy_helper.to_array(keep).shape == () and int(onnx.numpy_helper.to_array(keep)) == 0
     assert [o.name for o in model.graph.output] == names.outputs
     dtypes = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
     assert dtypes[C.INPUT_IDS] == dtypes[C.ATTENTION_MASK] == dtypes[C.POSITION_IDS] == onnx.TensorProto.INT64
@@ -63,7 +65,7 @@ def test_graph_contract_names_dtypes_and_dynamic_axes(gpt2_model_dir):
             for v in [*model.graph.input, *model.graph.output]}
     assert dims[C.past_key(0)] == [C.DIM_BATCH, 4, C.DIM_PAST, 8]
     assert dims[C.present_value(1)] == [C.DIM_BATCH, 4, C.DIM_TOTAL, 8]
-    assert dims[C.LOGITS] == [C.DIM_BATCH, C.DIM_SEQ, 50257]
+    assert dims[C.LOGITS] == [C.DIM_BATCH, C.DIM_LOGITS, 50257]
 
 
 def test_tied_embedding_stored_once(gpt2_model_dir):
