@@ -9,6 +9,7 @@ import onnx
 
 from gptedge import __version__
 from gptedge.atomic import atomic_output_dir, check_output
+from gptedge.onnx_files import save_onnx
 from gptedge.runtime.errors import CheckpointError
 from gptedge.runtime.manifest import MODEL_FILE, Manifest, write_json, write_manifest
 
@@ -21,18 +22,7 @@ from .validate import compare_graph, compare_greedy, greedy_prompts
 
 log = logging.getLogger(__name__)
 
-EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf's 2 GB limit, with room for the graph itself
 MIN_OPSET = DEFAULT_OPSET
-
-
-def save_onnx(model: onnx.ModelProto, path: Path) -> None:
-    """model.onnx, with weights in model.onnx.data when the whole would pass protobuf's 2 GB."""
-    size = sum(len(t.raw_data) for t in model.graph.initializer)
-    if size > EXTERNAL_DATA_THRESHOLD:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
 
 
 def check_opset(opset: int) -> None:

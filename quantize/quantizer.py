@@ -14,6 +14,7 @@ import onnx
 
 from gptedge import __version__
 from gptedge.atomic import atomic_output_dir, check_output
+from gptedge.onnx_files import save_onnx
 from gptedge.runtime.errors import InvalidArgumentError, ModelDirError, QuantizationError
 from gptedge.runtime.manifest import Manifest, read_manifest, write_manifest
 from gptedge.runtime.tokenizer import TOKENIZER_FILE
@@ -81,7 +82,7 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
     check_output(out, force)
     if recipe.method == "static" and calibration_text is None:
         raise QuantizationError("static quantization needs --calibration TEXT_FILE")
-    model = onnx.load(str(model_dir / manifest.model_file))
+    model = onnx.load(str(model_dir / manifest.model_file))  # external data, if any, is read too
     shape = manifest.shape
     if recipe.method == "dynamic":
         quantized, nodes = rewrite_dynamic(model, recipe.per_channel, recipe.quantize_attention)
@@ -101,7 +102,7 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
         quantized = quantize_static_qdq(model, reader, recipe.per_channel, recipe.quantize_attention)
         nodes = {n.name: n.op_type for n in quantized.graph.node if n.op_type == "QuantizeLinear"}
     with atomic_output_dir(out, force) as tmp:
-        onnx.save_model(quantized, str(tmp / manifest.model_file))
+        save_onnx(quantized, tmp / manifest.model_file)
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, tmp / name)

@@ -96,7 +96,8 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
         ppl = math.exp(nll[i] / count)
         q = m.manifest.quantization or {}
         result.append(CompareRow(
-            model=str(m.model_dir), precision=m.manifest.precision, method=q.get("method", m.manifest.precision),
+            model=str(m.model_dir), precision=m.manifest.precision,
+            method=q.get("method") or ("imported" if "imported_from" in m.manifest.source else m.manifest.precision),
             size_bytes=graph_size(m), perplexity=ppl, delta_ppl_pct=100.0 * (ppl / ref_ppl - 1.0),
             top1_agreement=float(agree[i] / count), kl=float(kl[i] / count), greedy_agreement=greedy_agree,
             tokens_per_s=float(np.mean([o.tokens_per_s for o in outs]))))

@@ -115,9 +115,9 @@ def test_failed_validation_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_large_models_use_external_data(tmp_path, monkeypatch):
-    import gptedge.export.exporter as exporter
+    import gptedge.onnx_files as onnx_files
 
-    monkeypatch.setattr(exporter, "EXTERNAL_DATA_THRESHOLD", 1000)
+    monkeypatch.setattr(onnx_files.save_onnx, "__defaults__", (1000,))
     export_model(tiny_reference("gpt2", seed=15), tmp_path / "m")  # validates through the external-data file
     assert (tmp_path / "m" / "model.onnx.data").stat().st_size > (tmp_path / "m" / "model.onnx").stat().st_size
 
