@@ -18,6 +18,7 @@ from gptedge.runtime import contract as C
 from .config import GPTConfig
 
 DEFAULT_OPSET = 17  # first opset with LayerNormalization
+MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops
 FLOAT_MIN = float(np.finfo(np.float32).min)
 
 
@@ -45,11 +46,12 @@ class GraphWriter:
         return name
 
 
-def _linear(g: GraphWriter, x: str, w: dict[str, np.ndarray], prefix: str) -> str:
-    """x (B, S, in) @ W (in, out) + b."""
-    wn = g.const(f"{prefix}.weight", w[f"{prefix}.weight"])
-    bn = g.const(f"{prefix}.bias", w[f"{prefix}.bias"])
-    return g.one("Add", [g.one("MatMul", [x, wn], name=f"{prefix}.MatMul"), bn], name=f"{prefix}.Add")
+def _linear(g: GraphWriter, x: str, w: dict[str, np.ndarray], prefix: str, bias: bool = True) -> str:
+    """x (B, S, in) @ W (in, out) [+ b]; without the bias, a fused op downstream adds it."""
+    y = g.one("MatMul", [x, g.const(f"{prefix}.weight", w[f"{prefix}.weight"])], name=f"{prefix}.MatMul")
+    if not bias:
+        return y
+    return g.one("Add", [y, g.const(f"{prefix}.bias", w[f"{prefix}.bias"])], name=f"{prefix}.Add")
 
 
 def _layer_norm(g: GraphWriter, x: str, w: dict[str, np.ndarray], prefix: str, eps: float) -> str:
@@ -70,7 +72,8 @@ def _activation(g: GraphWriter, x: str, kind: str) -> str:
     return g.one("Mul", [g.one("Mul", [x, g.one("Add", [g.one("Tanh", [inner]), "const_one"])]), "const_half"])
 
 
-def _attention(g: GraphWriter, x: str, allowed: str, w: dict[str, np.ndarray], cfg: GPTConfig, i: int) -> str:
+def _attention(g: GraphWriter, x: str, allowed: str, w: dict[str, np.ndarray], cfg: GPTConfig, i: int,
+               proj_bias: bool = True) -> str:
     p = f"h.{i}.attn"
     qkv = _linear(g, x, w, f"{p}.c_attn")  # (B, S, 3C)
     q, k, v = g.op("Split", [qkv, "const_qkv_split"], n_out=3, name=f"{p}.Split", axis=2)  # (B, S, C) each
@@ -84,12 +87,39 @@ def _attention(g: GraphWriter, x: str, allowed: str, w: dict[str, np.ndarray], c
     probs = g.one("Softmax", [scores], axis=-1)
     y = g.one("MatMul", [probs, present_v], name=f"{p}.pv")  # (B, nh, S, hs)
     y = g.one("Reshape", [g.one("Transpose", [y], perm=[0, 2, 1, 3]), "const_shape_merge"])  # (B, S, C)
-    return _linear(g, y, w, f"{p}.c_proj")
+    return _linear(g, y, w, f"{p}.c_proj", bias=proj_bias)
 
 
 def _mlp(g: GraphWriter, x: str, w: dict[str, np.ndarray], cfg: GPTConfig, i: int) -> str:
     hidden = _activation(g, _linear(g, x, w, f"h.{i}.mlp.c_fc"), cfg.activation)
     return _linear(g, hidden, w, f"h.{i}.mlp.c_proj")
+
+
+def _skip_layer_norm(g: GraphWriter, h: str, y: str, w: dict[str, np.ndarray], ln: str, bias: str,
+                     eps: float) -> tuple[str, str]:
+    """-> (LN(h + y + bias), h + y + bias) in one com.microsoft SkipLayerNormalization."""
+    out, total = f"{ln}.out", f"{ln}.residual"
+    g.op("SkipLayerNormalization", [h, y, g.const(f"{ln}.weight", w[f"{ln}.weight"]),
+                                    g.const(f"{ln}.bias", w[f"{ln}.bias"]), g.const(f"{bias}.bias", w[f"{bias}.bias"])],
+         outputs=[out, "", "", total], name=f"{ln}.skip", domain=MS_DOMAIN, epsilon=eps)
+    return out, total
+
+
+def _fused_gpt2_blocks(g: GraphWriter, h: str, allowed: str, w: dict[str, np.ndarray], cfg: GPTConfig) -> str:
+    """GPT-2's blocks with ONNX Runtime's fused ops: each residual add + bias + the next LayerNorm is one
+    SkipLayerNormalization, each MLP bias + GELU one FastGelu. Returns ln_f's output (B, S, C)."""
+    eps = cfg.layer_norm_epsilon
+    x = _layer_norm(g, h, w, "h.0.ln_1", eps)
+    for i in range(cfg.n_layer):
+        a = _attention(g, x, allowed, w, cfg, i, proj_bias=False)  # (B, S, C), c_proj bias not yet added
+        x, h = _skip_layer_norm(g, h, a, w, f"h.{i}.ln_2", f"h.{i}.attn.c_proj", eps)
+        fc = _linear(g, x, w, f"h.{i}.mlp.c_fc", bias=False)  # (B, S, 4C)
+        act = g.one("FastGelu", [fc, g.const(f"h.{i}.mlp.c_fc.bias", w[f"h.{i}.mlp.c_fc.bias"])],
+                    name=f"h.{i}.mlp.gelu", domain=MS_DOMAIN)
+        m = _linear(g, act, w, f"h.{i}.mlp.c_proj", bias=False)
+        next_ln = f"h.{i + 1}.ln_1" if i + 1 < cfg.n_layer else "ln_f"
+        x, h = _skip_layer_norm(g, h, m, w, next_ln, f"h.{i}.mlp.c_proj", eps)
+    return x
 
 
 def _allowed_mask(g: GraphWriter) -> str:
@@ -130,8 +160,12 @@ def _constants(g: GraphWriter, cfg: GPTConfig) -> None:
         g.const(name, value)
 
 
-def build_standard_graph(cfg: GPTConfig, weights: dict[str, np.ndarray], opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
-    """weights: the reference GPT's state dict as float32 numpy arrays (canonical names)."""
+def build_standard_graph(cfg: GPTConfig, weights: dict[str, np.ndarray], opset: int = DEFAULT_OPSET,
+                         fused: bool = True) -> onnx.ModelProto:
+    """weights: the reference GPT's state dict as float32 numpy arrays (canonical names).
+
+    fused: GPT-2 with tanh GELU uses ONNX Runtime's SkipLayerNormalization and FastGelu contrib ops
+    (fewer, larger kernels per layer); otherwise, and for the original GPT, plain ONNX ops only."""
     g = GraphWriter()
     _constants(g, cfg)
     wte = g.const("wte.weight", weights["wte.weight"])  # (V, C): stored once, used by Gather and the LM head
@@ -140,14 +174,17 @@ def build_standard_graph(cfg: GPTConfig, weights: dict[str, np.ndarray], opset: 
     h = g.one("Add", [g.one("Gather", [wte, C.INPUT_IDS], name="embed_tokens"),
                       g.one("Gather", [wpe, C.POSITION_IDS], name="embed_positions")])  # (B, S, C)
     eps = cfg.layer_norm_epsilon
-    for i in range(cfg.n_layer):
+    fused = fused and cfg.arch == "gpt2" and cfg.activation == "gelu_tanh"
+    for i in range(0 if fused else cfg.n_layer):
         if cfg.arch == "gpt2":  # pre-LN
             h = g.one("Add", [h, _attention(g, _layer_norm(g, h, weights, f"h.{i}.ln_1", eps), allowed, weights, cfg, i)])
             h = g.one("Add", [h, _mlp(g, _layer_norm(g, h, weights, f"h.{i}.ln_2", eps), weights, cfg, i)])
         else:  # original GPT: post-LN
             n = _layer_norm(g, g.one("Add", [h, _attention(g, h, allowed, weights, cfg, i)]), weights, f"h.{i}.ln_1", eps)
             h = _layer_norm(g, g.one("Add", [n, _mlp(g, n, weights, cfg, i)]), weights, f"h.{i}.ln_2", eps)
-    if cfg.arch == "gpt2":
+    if fused:
+        h = _fused_gpt2_blocks(g, h, allowed, weights, cfg)
+    elif cfg.arch == "gpt2":
         h = _layer_norm(g, h, weights, "ln_f", eps)
     h = _keep_last_positions(g, h)  # (B, K, C)
     # Tied LM head: Gemm with transB reads wte (V, C) as is, so the weight is stored once.
@@ -172,6 +209,9 @@ def _model(g: GraphWriter, cfg: GPTConfig, opset: int) -> onnx.ModelProto:
     used = {name for node in g.nodes for name in node.input}
     initializers = [t for t in g.initializers if t.name in used]  # constants of the other architecture
     graph = helper.make_graph(g.nodes, "gptedge_standard", inputs, outputs, initializer=initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="gptedge")
+    opsets = [helper.make_opsetid("", opset)]
+    if any(n.domain == MS_DOMAIN for n in g.nodes):
+        opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="gptedge")
     model.ir_version = min(model.ir_version, 9)  # readable by ONNX Runtime releases of the last two years
     return model
