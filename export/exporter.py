@@ -33,14 +33,16 @@ def check_opset(opset: int) -> None:
 
 def export_model(reference: GPT, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,
                  source_dir: Path | None = None, source_info: dict | None = None, validate: bool = True,
-                 greedy_tokens: int = 64) -> Manifest:
+                 greedy_tokens: int = 64, fused: bool = True) -> Manifest:
     """Write a model directory for `reference`; validation failure leaves nothing behind."""
     check_opset(opset)
     cfg: GPTConfig = reference.cfg
     out = Path(out)
     with atomic_output_dir(out, force) as tmp:
         weights = {k: v.detach().to("cpu").float().numpy() for k, v in reference.state_dict().items()}
-        save_onnx(build_standard_graph(cfg, weights, opset), tmp / MODEL_FILE)
+        graph = build_standard_graph(cfg, weights, opset, fused=fused)
+        fused_ops = sorted({n.op_type for n in graph.graph.node if n.domain == "com.microsoft"})
+        save_onnx(graph, tmp / MODEL_FILE)
         write_json(tmp / "config.json", cfg.to_hf())
         write_json(tmp / "generation_config.json",
                    {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
@@ -48,7 +50,8 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
                             pad_id=cfg.eos_token_id,
                             source={**(source_info or {}), "opset": opset, "gptedge_version": __version__,
-                                    "activation": cfg.activation, "layer_norm_epsilon": cfg.layer_norm_epsilon})
+                                    "activation": cfg.activation, "layer_norm_epsilon": cfg.layer_norm_epsilon,
+                                    "contrib_ops": fused_ops})
         write_manifest(tmp, manifest)
         if validate:
             manifest = manifest.replace(parity=validate_model_dir(reference, tmp, has_tokenizer, greedy_tokens))
@@ -69,7 +72,7 @@ def validate_model_dir(reference: GPT, model_dir: Path, has_tokenizer: bool, gre
 
 
 def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,
-                      validate: bool = True) -> Manifest:
+                      validate: bool = True, fused: bool = True) -> Manifest:
     """A local HF checkpoint directory -> a gptedge model directory."""
     source, out = Path(source), Path(out)
     check_opset(opset)
@@ -77,4 +80,5 @@ def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, 
     reference, _ = load_checkpoint(source)
     info = {"path": str(source.resolve()), "weights": weights_file(source).name,
             "sha256": file_sha256(weights_file(source))}
-    return export_model(reference, out, force, opset, source_dir=source, source_info=info, validate=validate)
+    return export_model(reference, out, force, opset, source_dir=source, source_info=info, validate=validate,
+                        fused=fused)

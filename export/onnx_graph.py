@@ -105,13 +105,29 @@ def _skip_layer_norm(g: GraphWriter, h: str, y: str, w: dict[str, np.ndarray], l
     return out, total
 
 
+def _fused_attention(g: GraphWriter, x: str, attn_bias: str, w: dict[str, np.ndarray], i: int, n_head: int) -> str:
+    """com.microsoft MultiHeadAttention: QKV bias, QK^T, mask, softmax, PV and the cache append in one op.
+    Returns the attention output before c_proj's bias (B, S, C)."""
+    p = f"h.{i}.attn"
+    qkv = _linear(g, x, w, f"{p}.c_attn", bias=False)  # (B, S, 3C); the bias goes into MultiHeadAttention
+    q, k, v = g.op("Split", [qkv, "const_qkv_split"], n_out=3, name=f"{p}.Split", axis=2)  # (B, S, C) each
+    y = g.op("MultiHeadAttention", [q, k, v, g.const(f"{p}.c_attn.bias", w[f"{p}.c_attn.bias"]), "", attn_bias,
+                                    C.past_key(i), C.past_value(i)],
+             outputs=[f"{p}.out", C.present_key(i), C.present_value(i)], name=f"{p}.mha", domain=MS_DOMAIN,
+             num_heads=n_head)[0]
+    return _linear(g, y, w, f"{p}.c_proj", bias=False)
+
+
 def _fused_gpt2_blocks(g: GraphWriter, h: str, allowed: str, w: dict[str, np.ndarray], cfg: GPTConfig) -> str:
-    """GPT-2's blocks with ONNX Runtime's fused ops: each residual add + bias + the next LayerNorm is one
-    SkipLayerNormalization, each MLP bias + GELU one FastGelu. Returns ln_f's output (B, S, C)."""
+    """GPT-2's blocks with ONNX Runtime's fused ops: MultiHeadAttention; each residual add + bias + the
+    next LayerNorm one SkipLayerNormalization; each MLP bias + GELU one FastGelu. -> ln_f's output (B, S, C)."""
     eps = cfg.layer_norm_epsilon
+    # Additive mask (B, 1, S, T): 0 where allowed, float min elsewhere. Adding a score to float min rounds
+    # back to float min, so this equals the reference's replacement, fully masked padding rows included.
+    attn_bias = g.one("Where", [allowed, "const_zero", "const_float_min"], name="attention_bias")
     x = _layer_norm(g, h, w, "h.0.ln_1", eps)
     for i in range(cfg.n_layer):
-        a = _attention(g, x, allowed, w, cfg, i, proj_bias=False)  # (B, S, C), c_proj bias not yet added
+        a = _fused_attention(g, x, attn_bias, w, i, cfg.n_head)  # (B, S, C), c_proj bias not yet added
         x, h = _skip_layer_norm(g, h, a, w, f"h.{i}.ln_2", f"h.{i}.attn.c_proj", eps)
         fc = _linear(g, x, w, f"h.{i}.mlp.c_fc", bias=False)  # (B, S, 4C)
         act = g.one("FastGelu", [fc, g.const(f"h.{i}.mlp.c_fc.bias", w[f"h.{i}.mlp.c_fc.bias"])],
@@ -148,7 +164,7 @@ def _constants(g: GraphWriter, cfg: GPTConfig) -> None:
     f32 = lambda v: np.array(v, dtype=np.float32)  # noqa: E731
     i64 = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
     for name, value in {
-        "const_one": f32(1.0), "const_half": f32(0.5), "const_sqrt2": f32(math.sqrt(2.0)),
+        "const_one": f32(1.0), "const_zero": f32(0.0), "const_half": f32(0.5), "const_sqrt2": f32(math.sqrt(2.0)),
         "const_gelu_coef": f32(0.044715), "const_sqrt_2_over_pi": f32(math.sqrt(2.0 / math.pi)),
         "const_sqrt_head_dim": f32(math.sqrt(cfg.head_dim)), "const_float_min": f32(FLOAT_MIN),
         "const_int_one": i64(1), "const_int_one_1d": i64([1]), "const_int_zero_1d": i64([0]),

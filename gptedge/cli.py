@@ -59,11 +59,13 @@ def main(verbose: bool) -> None:
 @click.option("-o", "--out", required=True, type=click.Path(path_type=str), help="Model directory to write.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (only once the new one is complete).")
 @click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (>= 17).")
+@click.option("--plain-ops", is_flag=True,
+              help="Standard ONNX ops only (no ONNX Runtime contrib ops such as MultiHeadAttention).")
 @one_line_errors
-def export(source: str, out: str, force: bool, opset: int) -> None:
+def export(source: str, out: str, force: bool, opset: int, plain_ops: bool) -> None:
     """Export a local HF checkpoint dir (GPT2LMHeadModel / OpenAIGPTLMHeadModel) to a model dir, then validate it."""
     exporter = import_extra("gptedge.export.exporter", "export")
-    manifest = exporter.export_checkpoint(source, out, force=force, opset=opset)
+    manifest = exporter.export_checkpoint(source, out, force=force, opset=opset, fused=not plain_ops)
     graph = manifest.parity.get("graph_vs_reference", {})
     greedy = manifest.parity.get("greedy_vs_reference", {})
     diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.get('max_abs_diff', float('nan')):.2e} "

@@ -62,7 +62,7 @@ def describe(recipe: QuantizeRecipe) -> dict:
         weights, activations = f"s8 symmetric, {scales} (QDQ)", "u8, ranges calibrated on text (QDQ)"
         embedding = "tied weight stored once as int8 (C, V) QDQ; LM head MatMul, embedding Gather(axis=1) of the same int8 weight"
     return {**asdict(recipe), "weights": weights, "activations": activations, "embedding_and_lm_head": embedding,
-            "attention_products": "int8" if recipe.quantize_attention else "float",
+            "attention_products": "float",
             "kept_float": "position embedding, LayerNorms, biases"}
 
 
@@ -83,6 +83,9 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
     if recipe.method == "static" and calibration_text is None:
         raise QuantizationError("static quantization needs --calibration TEXT_FILE")
     model = onnx.load(str(model_dir / manifest.model_file))  # external data, if any, is read too
+    if recipe.quantize_attention and any(n.op_type == "MultiHeadAttention" for n in model.graph.node):
+        raise QuantizationError("--quantize-attention needs a graph exported with --plain-ops: this one computes "
+                                "attention in one fused float op (MultiHeadAttention)")
     shape = manifest.shape
     if recipe.method == "dynamic":
         quantized, nodes = rewrite_dynamic(model, recipe.per_channel, recipe.quantize_attention)
@@ -107,6 +110,8 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, tmp / name)
         recipe_info = {**describe(recipe), "quantized_nodes": dict(Counter(nodes.values()))}
+        if recipe.quantize_attention:
+            recipe_info["attention_products"] = "int8"
         new = manifest.replace(precision="int8", quantization=recipe_info, parity={},
                                source={"quantized_from": str(model_dir.resolve()), "fp32_source": manifest.source,
                                        "gptedge_version": __version__})

@@ -63,10 +63,8 @@ def test_every_linear_and_the_tied_weight_quantized_attention_float(quantized_di
     # 4 linears per layer + the LM head
     assert ops["dynamic"]["DynamicQuantizeMatMul"] == 4 * n_layer + 1
     assert ops["weight-only"]["MatMulNBits"] == 4 * n_layer + 1
-    for m in METHODS:  # QK^T and PV stay float MatMuls
-        float_matmuls = [n for n in graph(quantized_dirs[m][1]).graph.node if n.op_type == "MatMul"
-                         and n.name.endswith((".qk", ".pv"))]
-        assert len(float_matmuls) == 2 * n_layer, m
+    for m in METHODS:  # attention (QK^T, softmax, PV) stays one float MultiHeadAttention per layer
+        assert ops[m]["MultiHeadAttention"] == n_layer, m
         assert ops[m]["MatMulInteger"] == 0
     static = graph(quantized_dirs["static"][1])
     dq_weights = [n.input[0] for n in static.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized")]
@@ -102,10 +100,26 @@ def test_runtime_runs_quantized_unchanged(quantized_dirs, method):
     assert len(out.ids) == 8 and loaded.manifest.precision == "int8"
 
 
-def test_quantized_attention_option(gpt2_model_dir, tmp_path):
-    m = quantize_model_dir(gpt2_model_dir, tmp_path / "qa", QuantizeRecipe("dynamic", quantize_attention=True))
+def test_quantized_attention_option(tmp_path):
+    """On a plain-ops graph QK^T and PV are MatMuls, which --quantize-attention turns into int8 products."""
+    from gptedge.export.exporter import export_model
+
+    from .conftest import tiny_reference
+
+    export_model(tiny_reference("gpt2", seed=21), tmp_path / "plain", fused=False, validate=False)
+    plain = Counter(n.op_type for n in graph(tmp_path / "plain").graph.node)
+    assert plain["MultiHeadAttention"] == 0 and plain["MatMul"] == 4 * 2 + 2 * 2
+    m = quantize_model_dir(tmp_path / "plain", tmp_path / "qa", QuantizeRecipe("dynamic", quantize_attention=True))
     ops = Counter(n.op_type for n in graph(tmp_path / "qa").graph.node)
     assert ops["MatMulInteger"] == 4 and m.quantization["attention_products"] == "int8"
+    float_attention = quantize_model_dir(tmp_path / "plain", tmp_path / "qf", QuantizeRecipe("dynamic"))
+    assert float_attention.quantization["attention_products"] == "float"
+
+
+def test_quantized_attention_refused_on_fused_attention(gpt2_model_dir, tmp_path):
+    with pytest.raises(QuantizationError, match="needs a graph exported with --plain-ops"):
+        quantize_model_dir(gpt2_model_dir, tmp_path / "qa", QuantizeRecipe("dynamic", quantize_attention=True))
+    assert not (tmp_path / "qa").exists()
 
 
 def test_per_tensor_option(gpt2_model_dir, tmp_path):
