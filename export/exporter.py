@@ -10,6 +10,7 @@ import onnx
 from gptedge import __version__
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
+from gptedge.runtime.contract import GRAPH_KV_BUFFER, GRAPH_STANDARD, LOGITS_TO_KEEP, IONames
 from gptedge.runtime.errors import CheckpointError
 from gptedge.runtime.manifest import MODEL_FILE, Manifest, write_json, write_manifest
 
@@ -33,22 +34,28 @@ def check_opset(opset: int) -> None:
 
 def export_model(reference: GPT, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,
                  source_dir: Path | None = None, source_info: dict | None = None, validate: bool = True,
-                 greedy_tokens: int = 64, fused: bool = True) -> Manifest:
+                 greedy_tokens: int = 64, fused: bool = True, graph_variant: str = GRAPH_STANDARD) -> Manifest:
     """Write a model directory for `reference`; validation failure leaves nothing behind."""
     check_opset(opset)
     cfg: GPTConfig = reference.cfg
     out = Path(out)
     with atomic_output_dir(out, force) as tmp:
         weights = {k: v.detach().to("cpu").float().numpy() for k, v in reference.state_dict().items()}
-        graph = build_standard_graph(cfg, weights, opset, fused=fused)
+        try:
+            graph = build_standard_graph(cfg, weights, opset, fused=fused, graph=graph_variant)
+        except ValueError as e:
+            raise CheckpointError(f"graph {graph_variant!r}: {e}") from None
         fused_ops = sorted({n.op_type for n in graph.graph.node if n.domain == "com.microsoft"})
         save_onnx(graph, tmp / MODEL_FILE)
         write_json(tmp / "config.json", cfg.to_hf())
         write_json(tmp / "generation_config.json",
                    {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
         has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False
+        names = IONames(cfg.n_layer)
+        inputs = names.inputs + ([LOGITS_TO_KEEP] if graph_variant == GRAPH_KV_BUFFER else [])
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
-                            pad_id=cfg.eos_token_id,
+                            pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(inputs),
+                            outputs=tuple(names.outputs),
                             source={**(source_info or {}), "opset": opset, "gptedge_version": __version__,
                                     "activation": cfg.activation, "layer_norm_epsilon": cfg.layer_norm_epsilon,
                                     "contrib_ops": fused_ops})
@@ -72,7 +79,7 @@ def validate_model_dir(reference: GPT, model_dir: Path, has_tokenizer: bool, gre
 
 
 def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,
-                      validate: bool = True, fused: bool = True) -> Manifest:
+                      validate: bool = True, fused: bool = True, graph_variant: str = GRAPH_STANDARD) -> Manifest:
     """A local HF checkpoint directory -> a gptedge model directory."""
     source, out = Path(source), Path(out)
     check_opset(opset)
@@ -81,4 +88,4 @@ def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, 
     info = {"path": str(source.resolve()), "weights": weights_file(source).name,
             "sha256": file_sha256(weights_file(source))}
     return export_model(reference, out, force, opset, source_dir=source, source_info=info, validate=validate,
-                        fused=fused)
+                        fused=fused, graph_variant=graph_variant)

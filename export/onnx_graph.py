@@ -118,7 +118,31 @@ def _fused_attention(g: GraphWriter, x: str, attn_bias: str, w: dict[str, np.nda
     return _linear(g, y, w, f"{p}.c_proj", bias=False)
 
 
-def _fused_gpt2_blocks(g: GraphWriter, h: str, allowed: str, w: dict[str, np.ndarray], cfg: GPTConfig) -> str:
+def _buffered_attention(g: GraphWriter, x: str, attn_bias: str, w: dict[str, np.ndarray], i: int, n_head: int,
+                        lengths: tuple[str, str]) -> str:
+    """com.microsoft GroupQueryAttention over a KV buffer (B, nh, max_len, hs) that past and present share:
+    the new keys/values are written in place, nothing is copied. Padding is masked by attn_bias, so every
+    row counts its padding as positions (seqlens_k = total - 1 for all rows)."""
+    p = f"h.{i}.attn"
+    qkv = _linear(g, x, w, f"{p}.c_attn")  # (B, S, 3C)
+    q, k, v = g.op("Split", [qkv, "const_qkv_split"], n_out=3, name=f"{p}.Split", axis=2)  # (B, S, C) each
+    seqlens_k, total = lengths
+    y = g.op("GroupQueryAttention", [q, k, v, C.past_key(i), C.past_value(i), seqlens_k, total, "", "", "", attn_bias],
+             outputs=[f"{p}.out", C.present_key(i), C.present_value(i)], name=f"{p}.gqa", domain=MS_DOMAIN,
+             num_heads=n_head, kv_num_heads=n_head)[0]
+    return _linear(g, y, w, f"{p}.c_proj", bias=False)
+
+
+def _buffer_lengths(g: GraphWriter) -> tuple[str, str]:
+    """GroupQueryAttention's seqlens_k (B,) int32 = total - 1, and total_sequence_length (scalar int32)."""
+    total = g.one("Shape", [C.ATTENTION_MASK], start=1, end=2)  # [T]
+    batch = g.one("Shape", [C.INPUT_IDS], start=0, end=1)  # [B]
+    seqlens = g.one("Expand", [g.one("Cast", [g.one("Sub", [total, "const_int_one_1d"])], to=TensorProto.INT32), batch])
+    return seqlens, g.one("Cast", [g.one("Squeeze", [total])], to=TensorProto.INT32)
+
+
+def _fused_gpt2_blocks(g: GraphWriter, h: str, allowed: str, w: dict[str, np.ndarray], cfg: GPTConfig,
+                       kv_buffer: bool = False) -> str:
     """GPT-2's blocks with ONNX Runtime's fused ops: MultiHeadAttention; each residual add + bias + the
     next LayerNorm one SkipLayerNormalization; each MLP bias + GELU one FastGelu. -> ln_f's output (B, S, C)."""
     eps = cfg.layer_norm_epsilon
@@ -126,8 +150,10 @@ def _fused_gpt2_blocks(g: GraphWriter, h: str, allowed: str, w: dict[str, np.nda
     # back to float min, so this equals the reference's replacement, fully masked padding rows included.
     attn_bias = g.one("Where", [allowed, "const_zero", "const_float_min"], name="attention_bias")
     x = _layer_norm(g, h, w, "h.0.ln_1", eps)
+    lengths = _buffer_lengths(g) if kv_buffer else None
     for i in range(cfg.n_layer):
-        a = _fused_attention(g, x, attn_bias, w, i, cfg.n_head)  # (B, S, C), c_proj bias not yet added
+        a = (_buffered_attention(g, x, attn_bias, w, i, cfg.n_head, lengths) if lengths  # (B, S, C) before c_proj bias
+             else _fused_attention(g, x, attn_bias, w, i, cfg.n_head))  # (B, S, C), c_proj bias not yet added
         x, h = _skip_layer_norm(g, h, a, w, f"h.{i}.ln_2", f"h.{i}.attn.c_proj", eps)
         fc = _linear(g, x, w, f"h.{i}.mlp.c_fc", bias=False)  # (B, S, 4C)
         act = g.one("FastGelu", [fc, g.const(f"h.{i}.mlp.c_fc.bias", w[f"h.{i}.mlp.c_fc.bias"])],
@@ -177,11 +203,16 @@ def _constants(g: GraphWriter, cfg: GPTConfig) -> None:
 
 
 def build_standard_graph(cfg: GPTConfig, weights: dict[str, np.ndarray], opset: int = DEFAULT_OPSET,
-                         fused: bool = True) -> onnx.ModelProto:
+                         fused: bool = True, graph: str = C.GRAPH_STANDARD) -> onnx.ModelProto:
     """weights: the reference GPT's state dict as float32 numpy arrays (canonical names).
 
     fused: GPT-2 with tanh GELU uses ONNX Runtime's SkipLayerNormalization and FastGelu contrib ops
-    (fewer, larger kernels per layer); otherwise, and for the original GPT, plain ONNX ops only."""
+    (fewer, larger kernels per layer); otherwise, and for the original GPT, plain ONNX ops only.
+    graph: "standard" (Optimum's contract) or "kv_buffer" (GPT-2 only: past and present are one
+    preallocated buffer the runtime binds to both, updated in place by GroupQueryAttention)."""
+    kv_buffer = graph == C.GRAPH_KV_BUFFER
+    if kv_buffer and not (cfg.arch == "gpt2" and cfg.activation == "gelu_tanh" and fused):
+        raise ValueError("the kv_buffer graph is built for GPT-2 (tanh GELU) with fused ops")
     g = GraphWriter()
     _constants(g, cfg)
     wte = g.const("wte.weight", weights["wte.weight"])  # (V, C): stored once, used by Gather and the LM head
@@ -199,7 +230,7 @@ def build_standard_graph(cfg: GPTConfig, weights: dict[str, np.ndarray], opset: 
             n = _layer_norm(g, g.one("Add", [h, _attention(g, h, allowed, weights, cfg, i)]), weights, f"h.{i}.ln_1", eps)
             h = _layer_norm(g, g.one("Add", [n, _mlp(g, n, weights, cfg, i)]), weights, f"h.{i}.ln_2", eps)
     if fused:
-        h = _fused_gpt2_blocks(g, h, allowed, weights, cfg)
+        h = _fused_gpt2_blocks(g, h, allowed, weights, cfg, kv_buffer)
     elif cfg.arch == "gpt2":
         h = _layer_norm(g, h, weights, "ln_f", eps)
     h = _keep_last_positions(g, h)  # (B, K, C)
@@ -207,24 +238,28 @@ def build_standard_graph(cfg: GPTConfig, weights: dict[str, np.ndarray], opset: 
     rows = g.one("Gemm", [g.one("Reshape", [h, "const_shape_rows"]), wte], name="lm_head", transB=1)  # (B*K, V)
     out_shape = g.one("Concat", [g.one("Shape", [h], start=0, end=2), "const_vocab_1d"], axis=0)
     g.one("Reshape", [rows, out_shape], outputs=[C.LOGITS], name="logits_reshape")
-    return _model(g, cfg, opset)
+    return _model(g, cfg, opset, kv_buffer)
 
 
-def _model(g: GraphWriter, cfg: GPTConfig, opset: int) -> onnx.ModelProto:
+def _model(g: GraphWriter, cfg: GPTConfig, opset: int, kv_buffer: bool = False) -> onnx.ModelProto:
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
-    kv = [C.DIM_BATCH, cfg.n_head, C.DIM_PAST, cfg.head_dim]
-    kv_out = [C.DIM_BATCH, cfg.n_head, C.DIM_TOTAL, cfg.head_dim]
+    kv = [C.DIM_BATCH, cfg.n_head, C.DIM_BUFFER if kv_buffer else C.DIM_PAST, cfg.head_dim]
+    kv_out = [C.DIM_BATCH, cfg.n_head, C.DIM_BUFFER if kv_buffer else C.DIM_TOTAL, cfg.head_dim]
     inputs = [helper.make_tensor_value_info(C.INPUT_IDS, i64, [C.DIM_BATCH, C.DIM_SEQ]),
               helper.make_tensor_value_info(C.ATTENTION_MASK, i64, [C.DIM_BATCH, C.DIM_TOTAL]),
               helper.make_tensor_value_info(C.POSITION_IDS, i64, [C.DIM_BATCH, C.DIM_SEQ])]
     inputs += [helper.make_tensor_value_info(n, f32, kv) for n in C.IONames(cfg.n_layer).past_names]
-    # logits_to_keep is both an input and an initializer: an optional input with default 0.
+    # logits_to_keep: in the standard graph both an input and an initializer (an optional input, default 0);
+    # the kv_buffer graph's runtime binds every input, so there it is a plain input.
     inputs.append(helper.make_tensor_value_info(C.LOGITS_TO_KEEP, i64, []))
+    if kv_buffer:
+        g.initializers = [t for t in g.initializers if t.name != C.LOGITS_TO_KEEP]
     outputs = [helper.make_tensor_value_info(C.LOGITS, f32, [C.DIM_BATCH, C.DIM_LOGITS, cfg.vocab_size])]
     outputs += [helper.make_tensor_value_info(n, f32, kv_out) for n in C.IONames(cfg.n_layer).present_names]
     used = {name for node in g.nodes for name in node.input}
     initializers = [t for t in g.initializers if t.name in used]  # constants of the other architecture
-    graph = helper.make_graph(g.nodes, "gptedge_standard", inputs, outputs, initializer=initializers)
+    name = f"gptedge_{C.GRAPH_KV_BUFFER if kv_buffer else C.GRAPH_STANDARD}"
+    graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=initializers)
     opsets = [helper.make_opsetid("", opset)]
     if any(n.domain == MS_DOMAIN for n in g.nodes):
         opsets.append(helper.make_opsetid(MS_DOMAIN, 1))

@@ -50,16 +50,20 @@ def compare_graph(reference: GPT, loaded, batch: int = 2, prompt_len: int = 8, d
         ref_logits, ref_presents = reference(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(pos), past_ref)
         logits, presents = loaded.forward(ids, mask, pos, past_onnx)
         where = "prefill" if step == 0 else f"decode {step}"
-        valid = mask[:, -ids.shape[1]:].astype(bool)  # (B, S): padded query rows are not compared for top-1
+        # Positions of left padding are compared nowhere: no valid position ever attends to them, and
+        # fused attention kernels are free to fill them differently.
+        valid = mask[:, -ids.shape[1]:].astype(bool)  # (B, S) query positions
+        valid_keys = mask.astype(bool)[:, None, :, None]  # (B, 1, T, 1) cache positions
         agree += int((ref_logits.numpy().argmax(-1) == logits.argmax(-1))[valid].sum())
         total += int(valid.sum())
-        pairs = [(C.LOGITS, ref_logits.numpy(), logits)]
+        pairs = [(C.LOGITS, ref_logits.numpy(), logits, valid[..., None])]
         for i, (k, v) in enumerate(ref_presents):
-            pairs += [(C.present_key(i), k.numpy(), presents[2 * i]), (C.present_value(i), v.numpy(), presents[2 * i + 1])]
-        for name, want, got in pairs:
+            pairs += [(C.present_key(i), k.numpy(), presents[2 * i], valid_keys),
+                      (C.present_value(i), v.numpy(), presents[2 * i + 1], valid_keys)]
+        for name, want, got, keep in pairs:
             if want.shape != got.shape:
                 raise ParityError(f"{where}: {name} has shape {list(got.shape)}, the reference {list(want.shape)}")
-            diff, idx = _max_diff(want, got)
+            diff, idx = _max_diff(np.where(keep, want, 0), np.where(keep, got, 0))
             if diff > worst["max_abs_diff"]:
                 worst = {"max_abs_diff": diff, "output": name, "step": where, "index": list(idx)}
         past_ref, past_onnx = ref_presents, presents

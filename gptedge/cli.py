@@ -61,11 +61,14 @@ def main(verbose: bool) -> None:
 @click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (>= 17).")
 @click.option("--plain-ops", is_flag=True,
               help="Standard ONNX ops only (no ONNX Runtime contrib ops such as MultiHeadAttention).")
+@click.option("--graph", "graph_variant", type=click.Choice(["standard", "kv_buffer"]), default="standard",
+              show_default=True, help="kv_buffer: GPT-2 only, an in-place KV cache (faster decode, not Optimum's contract).")
 @one_line_errors
-def export(source: str, out: str, force: bool, opset: int, plain_ops: bool) -> None:
+def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str) -> None:
     """Export a local HF checkpoint dir (GPT2LMHeadModel / OpenAIGPTLMHeadModel) to a model dir, then validate it."""
     exporter = import_extra("gptedge.export.exporter", "export")
-    manifest = exporter.export_checkpoint(source, out, force=force, opset=opset, fused=not plain_ops)
+    manifest = exporter.export_checkpoint(source, out, force=force, opset=opset, fused=not plain_ops,
+                                          graph_variant=graph_variant)
     graph = manifest.parity.get("graph_vs_reference", {})
     greedy = manifest.parity.get("greedy_vs_reference", {})
     diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.get('max_abs_diff', float('nan')):.2e} "

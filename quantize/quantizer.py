@@ -101,7 +101,8 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
         ids = encode(load_tokenizer(model_dir), calibration_text)
         length = min(recipe.calibration_length, shape.context_length)
         windows = calibration_windows(ids, recipe.calibration_sequences, length)
-        reader = TextCalibrationReader(windows, shape.n_layer, shape.n_head, shape.head_dim, progress)
+        reader = TextCalibrationReader(windows, shape.n_layer, shape.n_head, shape.head_dim, progress,
+                                       kv_buffer=manifest.graph == "kv_buffer")
         quantized = quantize_static_qdq(model, reader, recipe.per_channel, recipe.quantize_attention)
         nodes = {n.name: n.op_type for n in quantized.graph.node if n.op_type == "QuantizeLinear"}
     with atomic_output_dir(out, force) as tmp:

@@ -77,8 +77,9 @@ class TextCalibrationReader:
     """Feeds prefill windows of real text (empty past) to ONNX Runtime's calibrator."""
 
     def __init__(self, windows: list[list[int]], n_layer: int, n_head: int, head_dim: int,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, kv_buffer: bool = False):
         self.windows, self.n_layer, self.n_head, self.head_dim = windows, n_layer, n_head, head_dim
+        self.kv_buffer = kv_buffer
         self.progress = progress
         self.i = 0
 
@@ -90,8 +91,12 @@ class TextCalibrationReader:
         if self.progress:
             self.progress(self.i, len(self.windows))
         feeds = {C.INPUT_IDS: ids, C.ATTENTION_MASK: np.ones_like(ids), C.POSITION_IDS: np.arange(ids.shape[1])[None]}
-        empty = np.zeros((1, self.n_head, 0, self.head_dim), np.float32)
-        feeds.update({name: empty for name in C.IONames(self.n_layer).past_names})
+        # kv_buffer graphs take zeroed buffers with room for the window plus one, and logits_to_keep.
+        length = ids.shape[1] + 1 if self.kv_buffer else 0
+        feeds.update({name: np.zeros((1, self.n_head, length, self.head_dim), np.float32)
+                      for name in C.IONames(self.n_layer).past_names})
+        if self.kv_buffer:
+            feeds[C.LOGITS_TO_KEEP] = np.array(0, dtype=np.int64)
         return feeds
 
     def rewind(self) -> None:

@@ -17,7 +17,8 @@ LOGITS = "logits"  # float [batch, logits_length, vocab]
 LOGITS_TO_KEEP = "logits_to_keep"
 
 # Graph variants a manifest may name.
-GRAPH_STANDARD = "standard"  # logits for every position; serves prefill, decode and perplexity
+GRAPH_STANDARD = "standard"  # Optimum's contract; serves prefill, decode and perplexity
+GRAPH_KV_BUFFER = "kv_buffer"  # past/present are one preallocated buffer (B, nh, max_len, hs), updated in place
 
 
 def past_key(layer: int) -> str:
@@ -69,4 +70,5 @@ DIM_BATCH = "batch_size"
 DIM_SEQ = "sequence_length"
 DIM_PAST = "past_sequence_length"
 DIM_TOTAL = "total_sequence_length"  # past + seq
+DIM_BUFFER = "max_sequence_length"  # kv_buffer graphs: the buffer's length
 DIM_LOGITS = "logits_length"  # seq, or logits_to_keep when that is > 0

@@ -46,9 +46,12 @@ class KVSpec:
     n_head: int
     head_dim: int
     dtype: type = np.float32
+    buffer: bool = False  # kv_buffer graphs: one preallocated (B, nh, max_len, hs) buffer per key / value
 
-    def empty(self, batch: int) -> list[np.ndarray]:
-        return [np.zeros((batch, self.n_head, 0, self.head_dim), self.dtype) for _ in range(2 * self.n_layer)]
+    def empty(self, batch: int, max_length: int = 0) -> list[np.ndarray]:
+        """The past for a first step: empty, or zeroed buffers of max_length for kv_buffer graphs."""
+        length = max_length if self.buffer else 0
+        return [np.zeros((batch, self.n_head, length, self.head_dim), self.dtype) for _ in range(2 * self.n_layer)]
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +97,8 @@ def run_generation(
     rngs = [np.random.default_rng(params.seed) for _ in prompts]
     seen = [list(p) for p in prompts]
     start = time.perf_counter()
-    logits, past = step(ids, mask, positions(mask), kv.empty(B))  # prefill: logits (B, V)
+    # kv_buffer graphs: room for every token plus one (a buffer exactly as long as the total reads as a full past)
+    logits, past = step(ids, mask, positions(mask), kv.empty(B, ids.shape[1] + max_new_tokens + 1))  # prefill: (B, V)
     first = None
     for _ in range(max_new_tokens):
         next_ids = np.full((B, 1), pad_id, dtype=np.int64)

@@ -32,8 +32,9 @@ class LoadedModel:
         self.load_s = load_s
         self._tokenizer = None
         past_types = {i.name: i.type for i in session.get_inputs()}
+        self.kv_buffer = manifest.graph == C.GRAPH_KV_BUFFER
         self.kv = KVSpec(manifest.shape.n_layer, manifest.shape.n_head, manifest.shape.head_dim,
-                         _ORT_FLOAT.get(past_types.get(C.past_key(0)), np.float32))
+                         _ORT_FLOAT.get(past_types.get(C.past_key(0)), np.float32), buffer=self.kv_buffer)
         self._output_names = list(manifest.outputs)
         self._past_names = C.IONames(manifest.shape.n_layer).past_names
         self._present_names = C.IONames(manifest.shape.n_layer).present_names
@@ -41,6 +42,7 @@ class LoadedModel:
         overridable = {i.name for i in session.get_overridable_initializers()}
         keep = np.array(1, dtype=np.int64)
         self._keep_last = self._ort.OrtValue.ortvalue_from_numpy(keep) if C.LOGITS_TO_KEEP in overridable else None
+        self._kv_device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
 
     # -- graph I/O ---------------------------------------------------------------------------------
     @property
@@ -49,17 +51,61 @@ class LoadedModel:
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
                 past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One run of the graph -> (logits (B, S, V) float32, presents)."""
+        """One run of the graph -> (logits (B, S, V) float32, presents (B, nh, P + S, hs) as numpy)."""
+        if self.kv_buffer:
+            return self._forward_buffered(input_ids, attention_mask, position_ids, past)
         feeds = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: attention_mask, C.POSITION_IDS: position_ids}
         feeds.update(zip(self._past_names, past))
         logits, *presents = self.session.run(self._output_names, feeds)
         return logits.astype(np.float32, copy=False), presents
+
+    def _forward_buffered(self, input_ids, attention_mask, position_ids, past):
+        """forward() for kv_buffer graphs: grow the given past into buffers longer than the total, run in place.
+
+        GroupQueryAttention takes a buffer exactly as long as the total for a past of that length (and
+        appends), so a buffer always has room for one more token than it holds."""
+        total = attention_mask.shape[1]
+        buffers = []
+        for p in past:
+            p = np.asarray(p.numpy() if hasattr(p, "numpy") else p)
+            if p.shape[2] <= total:
+                grown = np.zeros(p.shape[:2] + (total + 1,) + p.shape[3:], p.dtype)
+                grown[:, :, :p.shape[2]] = p
+                p = grown
+            buffers.append(p)
+        logits, buffers = self._run_buffered(input_ids, attention_mask, position_ids, buffers, keep=0)
+        return logits, [b.numpy()[:, :, :total] for b in buffers]
+
+    def _run_buffered(self, input_ids, attention_mask, position_ids, past, keep: int):
+        """IO binding with each past buffer bound as its own present: GroupQueryAttention writes in place."""
+        ort = self._ort
+        binding = self.session.io_binding()
+        binding.bind_cpu_input(C.INPUT_IDS, input_ids)
+        binding.bind_cpu_input(C.ATTENTION_MASK, attention_mask)
+        binding.bind_cpu_input(C.POSITION_IDS, position_ids)
+        binding.bind_cpu_input(C.LOGITS_TO_KEEP, np.array(keep, dtype=np.int64))
+        binding.bind_output(C.LOGITS, "cpu")
+        buffers = []
+        for in_name, out_name, kv in zip(self._past_names, self._present_names, past):
+            if isinstance(kv, np.ndarray):  # a buffer ONNX Runtime owns (a numpy-backed one dies with the array)
+                owned = ort.OrtValue.ortvalue_from_shape_and_type(kv.shape, kv.dtype, self._kv_device, 0)
+                owned.update_inplace(kv)
+                kv = owned
+            binding.bind_ortvalue_input(in_name, kv)
+            binding.bind_ortvalue_output(out_name, kv)
+            buffers.append(kv)
+        self.session.run_with_iobinding(binding)
+        logits = binding.get_outputs()[0].numpy().astype(np.float32, copy=False)
+        return logits, buffers
 
     def _step(self, input_ids, attention_mask, position_ids, past):
         """One generation step -> (last-position logits (B, V), presents as OrtValues).
 
         Presents are never copied into numpy: they are fed back as the next step's past as they
         are. Graphs with logits_to_keep run the LM head on the last position only."""
+        if self.kv_buffer:
+            logits, buffers = self._run_buffered(input_ids, attention_mask, position_ids, past, keep=1)
+            return logits[:, -1, :], buffers
         value = self._ort.OrtValue.ortvalue_from_numpy
         feeds = {C.INPUT_IDS: value(input_ids), C.ATTENTION_MASK: value(attention_mask),
                  C.POSITION_IDS: value(position_ids)}

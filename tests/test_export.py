@@ -17,10 +17,14 @@ from gptedge.runtime.errors import OutputExistsError, ParityError
 from .conftest import tiny_reference
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
-def test_rung3_graph_matches_reference_prefill_and_decode(tmp_path, arch):
+GRAPHS = [("gpt2", "standard", True), ("gpt2", "standard", False), ("gpt2", "kv_buffer", True),
+          ("openai-gpt", "standard", True)]
+
+
+@pytest.mark.parametrize("arch, graph, fused", GRAPHS)
+def test_rung3_graph_matches_reference_prefill_and_decode(tmp_path, arch, graph, fused):
     ref = tiny_reference(arch, seed=11)
-    export_model(ref, tmp_path / "m", validate=False)
+    export_model(ref, tmp_path / "m", validate=False, graph_variant=graph, fused=fused)
     loaded = load(tmp_path / "m", device="cpu")
     figures = compare_graph(ref, loaded, batch=3, prompt_len=9, decode_steps=4)
     assert figures["max_abs_diff"] <= 1e-4
@@ -28,10 +32,10 @@ def test_rung3_graph_matches_reference_prefill_and_decode(tmp_path, arch):
     assert figures["decode_steps"] == 4
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
-def test_rung4_greedy_ids_then_text_identical(tmp_path, arch):
+@pytest.mark.parametrize("arch, graph, fused", GRAPHS)
+def test_rung4_greedy_ids_then_text_identical(tmp_path, arch, graph, fused):
     ref = tiny_reference(arch, seed=12)
-    export_model(ref, tmp_path / "m", validate=False)
+    export_model(ref, tmp_path / "m", validate=False, graph_variant=graph, fused=fused)
     loaded = load(tmp_path / "m", device="cpu")
     prompts = greedy_prompts(ref.cfg.vocab_size, seed=3) + [[42, 7, 9, 1000, 3]]
     figures = compare_greedy(ref, loaded, prompts, new_tokens=64)
@@ -102,10 +106,10 @@ def test_existing_output_kept_without_force_and_replaced_with_it(tmp_path):
 def test_failed_validation_leaves_nothing(tmp_path, monkeypatch):
     import gptedge.export.exporter as exporter
 
-    def broken_graph(cfg, weights, opset):  # a graph whose weights differ from the reference's
+    def broken_graph(cfg, weights, opset, **kw):  # a graph whose weights differ from the reference's
         weights = dict(weights)
         weights["h.0.mlp.c_fc.bias"] = weights["h.0.mlp.c_fc.bias"] + 0.5
-        return build(cfg, weights, opset)
+        return build(cfg, weights, opset, **kw)
 
     build = exporter.build_standard_graph
     monkeypatch.setattr(exporter, "build_standard_graph", broken_graph)
@@ -120,6 +124,32 @@ def test_large_models_use_external_data(tmp_path, monkeypatch):
     monkeypatch.setattr(onnx_files.save_onnx, "__defaults__", (1000,))
     export_model(tiny_reference("gpt2", seed=15), tmp_path / "m")  # validates through the external-data file
     assert (tmp_path / "m" / "model.onnx.data").stat().st_size > (tmp_path / "m" / "model.onnx").stat().st_size
+
+
+def test_kv_buffer_graph_is_updated_in_place(tmp_path):
+    """The kv_buffer graph writes each step's keys/values into the buffer it was given, at the right place."""
+    ref = tiny_reference("gpt2", seed=16)
+    export_model(ref, tmp_path / "m", validate=False, graph_variant="kv_buffer")
+    loaded = load(tmp_path / "m", device="cpu")
+    assert loaded.kv_buffer and C.LOGITS_TO_KEEP in loaded.manifest.inputs
+    ids = np.array([[3, 4, 5]], dtype=np.int64)
+    buffers = loaded.kv.empty(1, 8)
+    assert buffers[0].shape == (1, 4, 8, 8)
+    logits, buffers = loaded._step(ids, np.ones((1, 3), np.int64), np.arange(3)[None], buffers)
+    first = buffers[0]
+    logits, buffers = loaded._step(np.array([[6]]), np.ones((1, 4), np.int64), np.array([[3]]), buffers)
+    assert buffers[0] is first  # the same OrtValue: nothing was reallocated or copied
+    _, presents = loaded.forward(np.array([[3, 4, 5, 6]]), np.ones((1, 4), np.int64), np.arange(4)[None],
+                                 loaded.kv.empty(1))
+    assert np.abs(first.numpy()[:, :, :4] - presents[0]).max() < 1e-5
+
+
+def test_kv_buffer_needs_fused_gpt2(tmp_path):
+    from gptedge.runtime.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="kv_buffer"):
+        export_model(tiny_reference("openai-gpt"), tmp_path / "m", graph_variant="kv_buffer")
+    assert not (tmp_path / "m").exists()
 
 
 def test_opset_is_checked(tmp_path):
