@@ -10,17 +10,19 @@ G=${GPTEDGE:-gptedge}
 mkdir -p "$W"
 [ -f "$W/ckpt/model.safetensors" ] || python benchmarks/make_gpt2_small.py --out "$W/ckpt"
 [ -f "$W/fp32/gptedge.json" ] || $G export "$W/ckpt" -o "$W/fp32"
-for m in dynamic weight-only; do
-  [ -f "$W/$m/gptedge.json" ] || $G quantize "$W/fp32" -o "$W/$m" --method "$m"
-done
-[ -f "$W/static/gptedge.json" ] || $G quantize "$W/fp32" -o "$W/static" --method static \
-  --calibration samples/calibration/emma_ch1-4.txt --calibration-sequences 16
+[ -f "$W/fp32-kvb/gptedge.json" ] || $G export "$W/ckpt" -o "$W/fp32-kvb" --graph kv_buffer
+q() { [ -f "$W/$2/gptedge.json" ] || $G quantize "$W/$1" -o "$W/$2" "${@:3}"; }
+q fp32 dynamic --method dynamic
+q fp32-kvb dynamic-kvb --method dynamic
+q fp32-kvb weight-only-kvb --method weight-only --accuracy-level 4
+q fp32 static --method static --calibration samples/calibration/emma_ch1-4.txt --calibration-sequences 16
 echo "# $(date -u +%F) $(uname -m), $(nproc) cpus; $(python -c 'import onnxruntime as o, sys; print("python", sys.version.split()[0], "onnxruntime", o.__version__)')"
 echo; echo "## decode, batch 1, prompt 32, new 128"
-$G bench "$W/fp32" "$W/dynamic" "$W/weight-only" "$W/static" --threads 2 --peers torch,optimum,ctranslate2
+$G bench "$W/fp32" "$W/fp32-kvb" "$W/dynamic" "$W/dynamic-kvb" "$W/weight-only-kvb" "$W/static" --threads 2 \
+  --peers torch,optimum,ctranslate2
 echo; echo "## decode at 1024 context (prompt 896, new 128)"
-$G bench "$W/fp32" "$W/dynamic" --context 1024 --threads 2 --peers ctranslate2
+$G bench "$W/fp32" "$W/fp32-kvb" "$W/dynamic-kvb" --context 1024 --threads 2 --peers ctranslate2
 echo; echo "## first token, 512-token prompt (new 8)"
-$G bench "$W/fp32" "$W/dynamic" --prompt 512 --new 8 --threads 2 --peers ctranslate2
+$G bench "$W/fp32-kvb" "$W/dynamic-kvb" --prompt 512 --new 8 --threads 2 --peers ctranslate2
 echo; echo "## batch 8 (prompt 32, new 128)"
-$G bench "$W/fp32" "$W/dynamic" --batch 8 --threads 2
+$G bench "$W/fp32-kvb" "$W/dynamic-kvb" --batch 8 --threads 2

@@ -159,8 +159,9 @@ def _read_text(path: str) -> str:
 @click.option("--method", required=True, help="dynamic | static | weight-only")
 @click.option("--per-channel/--per-tensor", default=True, show_default=True, help="Weight scales (dynamic, static).")
 @click.option("--block-size", default=32, show_default=True, type=int, help="Weight-only: weights per scale.")
-@click.option("--accuracy-level", default=0, show_default=True, type=int,
-              help="Weight-only: 0 keeps activations float; 4 computes in int8 (faster, less exact).")
+@click.option("--accuracy-level", default=4, show_default=True, type=int,
+              help="Weight-only: 4 quantizes activations per block inside the kernel (fast); 0 keeps them "
+                   "float (slightly more exact, far slower on CPU).")
 @click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products).")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=str), help="Static: calibration text file.")
 @click.option("--calibration-sequences", default=32, show_default=True, type=int)

@@ -128,6 +128,12 @@ def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, p
 def _quantize_file(untied: onnx.ModelProto, reader, per_channel: bool, quantize_attention: bool) -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    # ONNX's own shape inference does not know ONNX Runtime's contrib ops (MultiHeadAttention,
+    # SkipLayerNormalization, ...), and the calibrator skips every tensor whose type it does not
+    # know: without this, the activations after the first contrib op would stay unquantized.
+    untied = SymbolicShapeInference.infer_shapes(untied, auto_merge=True)
     with tempfile.TemporaryDirectory(prefix="gptedge-static-") as tmp:
         src, dst = Path(tmp) / "untied.onnx", Path(tmp) / "static.onnx"
         onnx.save_model(untied, str(src))

@@ -14,7 +14,7 @@ step "quantize: dynamic INT8 (s8 per-channel weights, u8 activations at run time
 $G quantize "$OUT/fp32" -o "$OUT/int8-dynamic" --method dynamic --force
 step "quantize: static INT8 (QDQ, calibrated on samples/calibration/emma_ch1-4.txt)"
 $G quantize "$OUT/fp32" -o "$OUT/int8-static" --method static --calibration samples/calibration/emma_ch1-4.txt --force
-step "quantize: weight-only INT8 (MatMulNBits, blocks of 32, float activations)"
+step "quantize: weight-only INT8 (MatMulNBits, blocks of 32)"
 $G quantize "$OUT/fp32" -o "$OUT/int8-weight-only" --method weight-only --force
 step "generate with top-k sampling from the weight-only INT8 model"
 $G generate "$OUT/int8-weight-only" -p "It is a truth universally acknowledged, that" -n 80 --top-k 40 \

@@ -69,6 +69,13 @@ def test_every_linear_and_the_tied_weight_quantized_attention_float(quantized_di
     static = graph(quantized_dirs["static"][1])
     dq_weights = [n.input[0] for n in static.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized")]
     assert len(dq_weights) == 4 * n_layer + 1
+    # ... and every linear's activation passes through a calibrated Quantize/Dequantize pair.
+    producer = {o: n for n in static.graph.node for o in n.output}
+    matmuls = [n for n in static.graph.node if n.op_type == "MatMul"]
+    assert len(matmuls) == 4 * n_layer + 1
+    for m in matmuls:
+        dq = producer[m.input[0]]
+        assert dq.op_type == "DequantizeLinear" and producer[dq.input[0]].op_type == "QuantizeLinear", m.name
 
 
 @pytest.mark.parametrize("method", METHODS)
