@@ -115,9 +115,12 @@ def calibration_windows(ids: list[int], sequences: int, length: int) -> list[lis
 def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, per_channel: bool = True,
                         quantize_attention: bool = False) -> onnx.ModelProto:
     untied, wt = untie_to_matmul(model)
+    import onnxruntime
+
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer logs advice meant for image models on the root logger
+    onnxruntime.set_default_logger_severity(3)  # and its calibration sessions warn about logits_to_keep
     try:
         quantized = _quantize_file(untied, reader, per_channel, quantize_attention)
     finally:

@@ -17,13 +17,14 @@ def plot_compare(rows, out: str | Path, title: str) -> None:
     except ImportError:
         raise GptEdgeError("--plot needs matplotlib: pip install 'gptedge[plot]'") from None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for r in rows:
+    for i, r in enumerate(rows):
         name = Path(r.model).name
+        dy = 4 if i % 2 == 0 else -12  # alternate label sides: variants of one size sit on top of each other
         size = r.size_bytes / 1e6
         ax1.scatter(size, r.delta_ppl_pct, s=60)
-        ax1.annotate(f"{name}\nKL {r.kl:.4f}", (size, r.delta_ppl_pct), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        ax1.annotate(f"{name}\nKL {r.kl:.4f}", (size, r.delta_ppl_pct), textcoords="offset points", xytext=(6, dy), fontsize=8)
         ax2.scatter(size, r.tokens_per_s, s=60)
-        ax2.annotate(name, (size, r.tokens_per_s), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        ax2.annotate(name, (size, r.tokens_per_s), textcoords="offset points", xytext=(6, dy), fontsize=8)
     ax1.axhline(0, color="grey", lw=0.8)
     ax1.set(xlabel="size on disk (MB)", ylabel="Δ perplexity vs reference (%)", title="accuracy cost")
     ax2.set(xlabel="size on disk (MB)", ylabel="decode tokens/s (batch 1)", title="speed")

@@ -16,9 +16,9 @@ step "quantize: static INT8 (QDQ, calibrated on samples/calibration/emma_ch1-4.t
 $G quantize "$OUT/fp32" -o "$OUT/int8-static" --method static --calibration samples/calibration/emma_ch1-4.txt --force
 step "quantize: weight-only INT8 (MatMulNBits, blocks of 32)"
 $G quantize "$OUT/fp32" -o "$OUT/int8-weight-only" --method weight-only --force
-step "generate with top-k sampling from the weight-only INT8 model"
-$G generate "$OUT/int8-weight-only" -p "It is a truth universally acknowledged, that" -n 80 --top-k 40 \
-  --temperature 0.8 --seed 0 --device cpu
+PROMPT="It is a truth universally acknowledged, that"
+step "generate with top-k sampling from the weight-only INT8 model; the prompt: $PROMPT"
+$G generate "$OUT/int8-weight-only" -p "$PROMPT" -n 80 --top-k 40 --temperature 0.8 --seed 0 --device cpu
 step "compare every variant on held-out text (samples/eval/persuasion_ch1-7.txt)"
 $G compare "$OUT/fp32" "$OUT/int8-dynamic" "$OUT/int8-static" "$OUT/int8-weight-only" \
   --text samples/eval/persuasion_ch1-7.txt --markdown "$OUT/compare.md" --plot "$OUT/compare.png"
