@@ -97,8 +97,8 @@ def run_generation(
     rngs = [np.random.default_rng(params.seed) for _ in prompts]
     seen = [list(p) for p in prompts]
     start = time.perf_counter()
-    # kv_buffer graphs: room for every token plus one (a buffer exactly as long as the total reads as a full past)
-    logits, past = step(ids, mask, positions(mask), kv.empty(B, ids.shape[1] + max_new_tokens + 1))  # prefill: (B, V)
+    # kv_buffer graphs get buffers with room for every token of this generation
+    logits, past = step(ids, mask, positions(mask), kv.empty(B, ids.shape[1] + max_new_tokens))  # prefill: (B, V)
     first = None
     for _ in range(max_new_tokens):
         next_ids = np.full((B, 1), pad_id, dtype=np.int64)

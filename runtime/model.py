@@ -60,16 +60,14 @@ class LoadedModel:
         return logits.astype(np.float32, copy=False), presents
 
     def _forward_buffered(self, input_ids, attention_mask, position_ids, past):
-        """forward() for kv_buffer graphs: grow the given past into buffers longer than the total, run in place.
-
-        GroupQueryAttention takes a buffer exactly as long as the total for a past of that length (and
-        appends), so a buffer always has room for one more token than it holds."""
+        """forward() for kv_buffer graphs (validation, eval): grow the given past into buffers that hold
+        the total, run in place, return copies cut to the total."""
         total = attention_mask.shape[1]
         buffers = []
         for p in past:
             p = np.asarray(p.numpy() if hasattr(p, "numpy") else p)
-            if p.shape[2] <= total:
-                grown = np.zeros(p.shape[:2] + (total + 1,) + p.shape[3:], p.dtype)
+            if p.shape[2] < total:
+                grown = np.zeros(p.shape[:2] + (total,) + p.shape[3:], p.dtype)
                 grown[:, :, :p.shape[2]] = p
                 p = grown
             buffers.append(p)

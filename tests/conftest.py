@@ -73,3 +73,13 @@ def gpt2_loaded(gpt2_model_dir):
     from gptedge.runtime import load
 
     return load(gpt2_model_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gpt2_kv_buffer_loaded(tmp_path_factory, gpt2_checkpoint):
+    from gptedge.export.exporter import export_checkpoint
+    from gptedge.runtime import load
+
+    out = tmp_path_factory.mktemp("md") / "gpt2-kvb"
+    export_checkpoint(gpt2_checkpoint, out, graph_variant="kv_buffer")
+    return load(out, device="cpu")

@@ -81,13 +81,17 @@ def test_stream_holds_back_split_multibyte_characters(gpt2_loaded):
     assert all("\ufffd" not in p for p in pieces)
 
 
+@pytest.mark.parametrize("graph", ["standard", "kv_buffer"])
 @pytest.mark.parametrize("sampling", [{"greedy": True}, {"top_k": 20, "temperature": 0.8, "seed": 5}])
-def test_batch_with_left_padding_equals_one_at_a_time(gpt2_loaded, sampling):
+def test_batch_with_left_padding_equals_one_at_a_time(gpt2_loaded, gpt2_kv_buffer_loaded, sampling, graph):
+    model = gpt2_loaded if graph == "standard" else gpt2_kv_buffer_loaded
     prompts = ["Hello world", "It is a truth universally acknowledged that", "In"]
-    batch = gpt2_loaded.generate_batch(prompts, max_new_tokens=16, **sampling)
+    batch = model.generate_batch(prompts, max_new_tokens=16, **sampling)
     for prompt, got in zip(prompts, batch):
-        alone = gpt2_loaded.generate(prompt, max_new_tokens=16, **sampling)
+        alone = model.generate(prompt, max_new_tokens=16, **sampling)
         assert got.ids == alone.ids and got.text == alone.text
+    if graph == "kv_buffer":  # and both graphs agree
+        assert [g.ids for g in batch] == [g.ids for g in gpt2_loaded.generate_batch(prompts, max_new_tokens=16, **sampling)]
 
 
 def test_runtime_runs_with_torch_unimportable(gpt2_model_dir):
