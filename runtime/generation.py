@@ -105,7 +105,7 @@ def run_generation(
         for b, r in enumerate(results):
             if r.stop:
                 continue  # finished rows keep feeding padding; their outputs are ignored
-            tok = select_token(logits[b], params, rngs[b], np.asarray(seen[b]))
+            tok = select_token(logits[b], params, rngs[b], seen[b])  # the id list is read only with a penalty
             r.ids.append(tok)
             seen[b].append(tok)
             next_ids[b, 0] = tok

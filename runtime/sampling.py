@@ -39,12 +39,12 @@ class SamplingParams:
         return self.greedy or self.temperature == 0 or self.top_k == 1
 
 
-def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
-    """Divide positive / multiply negative logits of tokens in `seen` by `penalty`."""
-    if penalty == 1.0 or seen.size == 0:
+def apply_repetition_penalty(logits: np.ndarray, seen, penalty: float) -> np.ndarray:
+    """Divide positive / multiply negative logits of tokens in `seen` (ids) by `penalty`."""
+    if penalty == 1.0 or len(seen) == 0:
         return logits
     out = logits.copy()
-    ids = np.unique(seen)
+    ids = np.unique(np.asarray(seen, dtype=np.int64))
     vals = out[ids]
     out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
     return out
@@ -75,7 +75,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def select_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, seen: np.ndarray) -> int:
+def select_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, seen) -> int:
     """One token id from logits (V,) float32; `seen` are the ids so far (prompt + generated)."""
     logits = apply_repetition_penalty(logits.astype(np.float64, copy=False), seen, params.repetition_penalty)
     if params.is_greedy:
