@@ -15,7 +15,7 @@ import onnx
 from gptedge import __version__
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
-from gptedge.runtime.errors import InvalidArgumentError, ModelDirError, QuantizationError
+from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.manifest import Manifest, read_manifest, write_manifest
 from gptedge.runtime.tokenizer import TOKENIZER_FILE
 
