@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
     model = load(args.model, device="cpu", threads=args.threads)
     # A second session on the same graph with profiling on; the runtime's loop drives it.
@@ -35,7 +36,7 @@ def main() -> None:
         options.profile_file_prefix = os.path.join(tmp, "profile")
         model.session = ort.InferenceSession(str(model.model_dir / model.manifest.model_file), options,
                                              providers=["CPUExecutionProvider"])
-        prompt = bench_prompts(model.manifest.shape.vocab_size, 1, args.prompt)
+        prompt = bench_prompts(model.manifest.shape.vocab_size, args.batch, args.prompt)
         out = model.generate_batch(prompt, max_new_tokens=args.new, greedy=True, ignore_eos=True, with_text=False)[0]
         events = json.load(open(model.session.end_profiling()))
     by_op: collections.Counter = collections.Counter()

@@ -77,6 +77,8 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 def select_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, seen) -> int:
     """One token id from logits (V,) float32; `seen` are the ids so far (prompt + generated)."""
+    if params.is_greedy and params.repetition_penalty == 1.0:
+        return int(np.argmax(logits))  # the hot path of greedy decoding: no copy, no float64
     logits = apply_repetition_penalty(logits.astype(np.float64, copy=False), seen, params.repetition_penalty)
     if params.is_greedy:
         return int(np.argmax(logits))
