@@ -10,6 +10,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_TOKENIZER = ROOT / "samples" / "tokenizers" / "gpt2"
 GPT2_VOCAB = 50257
+EXCERPT = ROOT / "samples" / "eval" / "persuasion_ch1-7.txt"  # held-out evaluation text
+
+
+def reference_perplexity(model, ids: list[int], context: int, stride: int | None = None) -> float:
+    """Sliding-window perplexity computed with the PyTorch reference: the oracle for `gptedge eval`."""
+    import math
+
+    import torch
+
+    from gptedge.runtime.evaluate import sliding_windows
+
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for w in sliding_windows(len(ids), context, stride):
+            logp = torch.log_softmax(model(torch.tensor([ids[w.begin:w.end]]))[0][0].double(), dim=-1)
+            first = w.first_target - w.begin
+            targets = torch.tensor(ids[w.first_target:w.end])
+            nll -= logp[first - 1:-1].gather(1, targets[:, None]).sum().item()
+            count += len(targets)
+    return math.exp(nll / count)
 
 
 def copy_gpt2_tokenizer(dst: Path) -> None:

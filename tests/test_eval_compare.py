@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
 from gptedge.cli import main
-from gptedge.export.reference import GPT
 from gptedge.runtime.evaluate import perplexity, sliding_windows
 from gptedge.runtime.errors import InvalidArgumentError
 
-from .conftest import ROOT
-
-EXCERPT = ROOT / "samples" / "eval" / "persuasion_ch1-7.txt"
+from .conftest import EXCERPT, reference_perplexity
 
 
 @pytest.mark.parametrize("n, context, stride", [(2, 4, 2), (10, 4, 2), (1000, 128, 64), (257, 128, 128), (300, 128, 1)])
@@ -34,19 +29,6 @@ def test_windows_score_every_target_once(n, context, stride):
 def test_windows_reject_short_text():
     with pytest.raises(InvalidArgumentError, match="at least 2"):
         sliding_windows(1, 8)
-
-
-@torch.no_grad()
-def reference_perplexity(model: GPT, ids: list[int], context: int, stride: int) -> float:
-    nll, count = 0.0, 0
-    for w in sliding_windows(len(ids), context, stride):
-        x = torch.tensor([ids[w.begin:w.end]])
-        logp = torch.log_softmax(model(x)[0][0].double(), dim=-1)
-        first = w.first_target - w.begin
-        targets = torch.tensor(ids[w.first_target:w.end])
-        nll -= logp[first - 1:-1].gather(1, targets[:, None]).sum().item()
-        count += len(targets)
-    return math.exp(nll / count)
 
 
 def test_eval_perplexity_equals_reference(gpt2_loaded, gpt2_checkpoint):

@@ -16,9 +16,7 @@ from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
 from gptedge.runtime.errors import InvalidArgumentError, ModelDirError, QuantizationError
 
-from .conftest import ROOT
-
-EXCERPT = ROOT / "samples" / "eval" / "persuasion_ch1-7.txt"
+from .conftest import EXCERPT
 METHODS = ["dynamic", "static", "weight-only"]
 
 

@@ -4,10 +4,8 @@ against PyTorch, INT8 quality on held-out text, and readable generation at a fix
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from gptedge.cli import main
@@ -16,12 +14,11 @@ from gptedge.export.exporter import export_checkpoint
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
 from gptedge.runtime.compare import compare
-from gptedge.runtime.evaluate import perplexity, sliding_windows
+from gptedge.runtime.evaluate import perplexity
 
-from .conftest import ROOT
+from .conftest import EXCERPT, ROOT, reference_perplexity
 
 SAMPLE = ROOT / "samples" / "sample-model"
-EXCERPT = ROOT / "samples" / "eval" / "persuasion_ch1-7.txt"
 CALIBRATION = ROOT / "samples" / "calibration" / "emma_ch1-4.txt"
 EVAL_TOKENS = 12_000  # of the held-out excerpt: enough for stable figures, fast enough for CI
 
@@ -64,18 +61,10 @@ def test_export_parity_recorded(sample_dirs):
     assert parity["greedy_vs_reference"]["identical"] and parity["greedy_vs_reference"]["tokens_compared"] >= 150
 
 
-@torch.no_grad()
 def test_eval_perplexity_equals_pytorch(sample_dirs, excerpt_ids):
     ref, cfg = load_checkpoint(SAMPLE)
     got = perplexity(load(sample_dirs / "fp32", device="cpu"), excerpt_ids)
-    nll, count = 0.0, 0
-    for w in sliding_windows(len(excerpt_ids), cfg.n_positions):
-        logp = torch.log_softmax(ref(torch.tensor([excerpt_ids[w.begin:w.end]]))[0][0].double(), -1)
-        targets = torch.tensor(excerpt_ids[w.first_target:w.end])
-        first = w.first_target - w.begin
-        nll -= logp[first - 1:-1].gather(1, targets[:, None]).sum().item()
-        count += len(targets)
-    want = math.exp(nll / count)
+    want = reference_perplexity(ref, excerpt_ids, cfg.n_positions)
     assert abs(got.perplexity / want - 1) <= 1e-4, (got.perplexity, want)
     assert 20 < got.perplexity < 400  # a trained model, not a random one (random: ~8192)
 
