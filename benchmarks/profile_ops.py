@@ -12,7 +12,6 @@ import os
 import tempfile
 
 import onnxruntime as ort
-
 from gptedge.runtime import load
 from gptedge.runtime.bench import bench_prompts
 
@@ -38,23 +37,33 @@ def main() -> None:
                                              providers=["CPUExecutionProvider"])
         prompt = bench_prompts(model.manifest.shape.vocab_size, args.batch, args.prompt)
         out = model.generate_batch(prompt, max_new_tokens=args.new, greedy=True, ignore_eos=True, with_text=False)[0]
-        events = json.load(open(model.session.end_profiling()))
+        with open(model.session.end_profiling()) as f:
+            events = json.load(f)
+    model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    prefill_end = model_runs[0]["ts"] + model_runs[0]["dur"]  # the first run is the prompt's prefill
+    print(f"{args.model}: prompt {args.prompt} x batch {args.batch}, {args.new} new tokens at "
+          f"{out.tokens_per_s:.1f} tok/s (profiling on), {args.threads} threads")
+    for label, runs, in_phase in (
+            ("prefill (first run)", model_runs[:1], lambda e: e["ts"] < prefill_end),
+            (f"decode ({len(model_runs) - 1} runs)", model_runs[1:], lambda e: e["ts"] >= prefill_end)):
+        _print_table(label, runs, [e for e in events if in_phase(e)], args.top)
+
+
+def _print_table(label: str, runs: list[dict], events: list[dict], top: int) -> None:
     by_op: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             by_op[e["args"]["op_name"]] += e["dur"]
             calls[e["args"]["op_name"]] += 1
-    runs = sum(e["dur"] for e in events if e.get("name") == "model_run")
+    run_us = sum(e["dur"] for e in runs)
     kernels = sum(by_op.values())
-    print(f"{args.model}: {args.new} new tokens at {out.tokens_per_s:.1f} tok/s (profiling on), {args.threads} threads")
-    print(f"model_run {runs / 1000:.0f} ms, of which kernels {kernels / 1000:.0f} ms "
-          f"({100 * kernels / max(runs, 1):.0f} %); the rest is ONNX Runtime's own per-run overhead")
+    print(f"\n{label}: model_run {run_us / 1000:.1f} ms, of which kernels {kernels / 1000:.1f} ms "
+          f"({100 * kernels / max(run_us, 1):.0f} %); the rest is ONNX Runtime's own per-run overhead")
     print("| op | ms | % of kernel time | calls |")
     print("|---|---:|---:|---:|")
-    for op, dur in by_op.most_common(args.top):
-        print(f"| {op} | {dur / 1000:.1f} | {100 * dur / kernels:.1f} | {calls[op]} |")
-
+    for op, dur in by_op.most_common(top):
+        print(f"| {op} | {dur / 1000:.1f} | {100 * dur / max(kernels, 1):.1f} | {calls[op]} |")
 
 if __name__ == "__main__":
     main()
