@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InvalidArgumentError, PromptTooLongError
+from .kv_binding import FreshBuffers
 from .sampling import SamplingParams, select_token
 from .text_stream import TextStream
 
@@ -49,9 +50,13 @@ class KVSpec:
     buffer: bool = False  # kv_buffer graphs: one preallocated (B, nh, max_len, hs) buffer per key / value
 
     def empty(self, batch: int, max_length: int = 0) -> list[np.ndarray]:
-        """The past for a first step: empty, or zeroed buffers of max_length for kv_buffer graphs."""
+        """An empty past for forward(); kv_buffer graphs get zeroed buffers of max_length."""
         length = max_length if self.buffer else 0
         return [np.zeros((batch, self.n_head, length, self.head_dim), self.dtype) for _ in range(2 * self.n_layer)]
+
+    def for_generation(self, batch: int, max_length: int) -> list[np.ndarray] | FreshBuffers:
+        """The past of a generation's first step: empty, or (kv_buffer graphs) buffers the step makes once."""
+        return FreshBuffers(batch, max_length) if self.buffer else self.empty(batch)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +103,7 @@ def run_generation(
     seen = [list(p) for p in prompts]
     start = time.perf_counter()
     # kv_buffer graphs get buffers with room for every token of this generation
-    logits, past = step(ids, mask, positions(mask), kv.empty(B, ids.shape[1] + max_new_tokens))  # prefill: (B, V)
+    logits, past = step(ids, mask, positions(mask), kv.for_generation(B, ids.shape[1] + max_new_tokens))  # prefill: (B, V)
     first = None
     for _ in range(max_new_tokens):
         next_ids = np.full((B, 1), pad_id, dtype=np.int64)

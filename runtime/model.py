@@ -13,6 +13,7 @@ import numpy as np
 from . import contract as C
 from .errors import ModelDirError
 from .generation import Generation, KVSpec, run_generation
+from .kv_binding import FreshBuffers, KVBufferBinding
 from .manifest import MANIFEST_NAME, Manifest, ModelShape, read_manifest
 from .sampling import SamplingParams
 from .session import import_onnxruntime, make_session
@@ -97,13 +98,20 @@ class LoadedModel:
         return logits, buffers
 
     def _step(self, input_ids, attention_mask, position_ids, past):
-        """One generation step -> (last-position logits (B, V), presents as OrtValues).
+        """One generation step -> (last-position logits (B, V), the past for the next step).
 
         Presents are never copied into numpy: they are fed back as the next step's past as they
-        are. Graphs with logits_to_keep run the LM head on the last position only."""
+        are. Graphs with logits_to_keep run the LM head on the last position only. On kv_buffer
+        graphs the past is a KVBufferBinding made at the first step (from FreshBuffers) and reused."""
         if self.kv_buffer:
-            logits, buffers = self._run_buffered(input_ids, attention_mask, position_ids, past, keep=1)
-            return logits[:, -1, :], buffers
+            if isinstance(past, FreshBuffers):
+                outputs = {o.name: o.type for o in self.session.get_outputs()}
+                shape = self.manifest.shape
+                past = KVBufferBinding(self.session, self._ort, shape.n_layer,
+                                       (past.batch, shape.n_head, past.max_length, shape.head_dim), self.kv.dtype,
+                                       (past.batch, 1, shape.vocab_size), _ORT_FLOAT.get(outputs[C.LOGITS], np.float32),
+                                       self._kv_device)
+            return past.step(input_ids, attention_mask, position_ids), past
         value = self._ort.OrtValue.ortvalue_from_numpy
         feeds = {C.INPUT_IDS: value(input_ids), C.ATTENTION_MASK: value(attention_mask),
                  C.POSITION_IDS: value(position_ids)}

@@ -133,12 +133,13 @@ def test_kv_buffer_graph_is_updated_in_place(tmp_path):
     loaded = load(tmp_path / "m", device="cpu")
     assert loaded.kv_buffer and C.LOGITS_TO_KEEP in loaded.manifest.inputs
     ids = np.array([[3, 4, 5]], dtype=np.int64)
-    buffers = loaded.kv.empty(1, 8)
-    assert buffers[0].shape == (1, 4, 8, 8)
-    logits, buffers = loaded._step(ids, np.ones((1, 3), np.int64), np.arange(3)[None], buffers)
-    first = buffers[0]
-    logits, buffers = loaded._step(np.array([[6]]), np.ones((1, 4), np.int64), np.array([[3]]), buffers)
-    assert buffers[0] is first  # the same OrtValue: nothing was reallocated or copied
+    past = loaded.kv.for_generation(1, 8)
+    logits, past = loaded._step(ids, np.ones((1, 3), np.int64), np.arange(3)[None], past)
+    first = past.buffers[0]
+    assert first.shape() == [1, 4, 8, 8]
+    where = first.data_ptr()
+    logits, past = loaded._step(np.array([[6]]), np.ones((1, 4), np.int64), np.array([[3]]), past)
+    assert past.buffers[0].data_ptr() == where  # the same memory: nothing was reallocated or copied
     _, presents = loaded.forward(np.array([[3, 4, 5, 6]]), np.ones((1, 4), np.int64), np.arange(4)[None],
                                  loaded.kv.empty(1))
     assert np.abs(first.numpy()[:, :, :4] - presents[0]).max() < 1e-5
