@@ -12,6 +12,7 @@ import os
 import tempfile
 
 import onnxruntime as ort
+
 from gptedge.runtime import load
 from gptedge.runtime.bench import bench_prompts
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import contract as C
 from .errors import ModelDirError
-from .generation import Generation, KVSpec, run_generation
+from .generation import PREFILL_CHUNK, Generation, KVSpec, run_generation
 from .kv_binding import FreshBuffers, KVBufferBinding
 from .manifest import MANIFEST_NAME, Manifest, ModelShape, read_manifest
 from .sampling import SamplingParams
@@ -44,6 +44,7 @@ class LoadedModel:
         keep = np.array(1, dtype=np.int64)
         self._keep_last = self._ort.OrtValue.ortvalue_from_numpy(keep) if C.LOGITS_TO_KEEP in overridable else None
         self._kv_device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+        self.prefill_chunk: int | None = PREFILL_CHUNK  # prompt positions per prefill run; None: the whole prompt
 
     # -- graph I/O ---------------------------------------------------------------------------------
     @property
@@ -141,8 +142,10 @@ class LoadedModel:
         ids = [self.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         pad = self.manifest.pad_id if self.manifest.pad_id is not None else (self.manifest.eos_id or 0)
         eos = None if ignore_eos else self.manifest.eos_id
+        # GroupQueryAttention on CPU takes a multi-position run over a non-empty past for batch 1 only
+        chunk = None if self.kv_buffer and len(ids) > 1 else self.prefill_chunk
         return run_generation(self._step, self.kv, ids, params, max_new_tokens, self.manifest.shape.context_length,
-                              eos, pad, self.tokenizer if with_text else None, stop)
+                              eos, pad, self.tokenizer if with_text else None, stop, chunk)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64,
                        stop: Sequence[str] = (), ignore_eos: bool = False, with_text: bool | None = None,

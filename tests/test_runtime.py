@@ -108,3 +108,32 @@ def test_runtime_runs_with_torch_unimportable(gpt2_model_dir):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok")
+
+
+@pytest.mark.parametrize("graph", ["standard", "kv_buffer"])
+def test_chunked_prefill_equals_one_run(gpt2_loaded, gpt2_kv_buffer_loaded, graph):
+    """A prompt prefilled a few positions per run gives the logits and tokens of one run over it all."""
+    import numpy as np
+
+    from gptedge.runtime.generation import left_pad, prefill
+
+    model = gpt2_loaded if graph == "standard" else gpt2_kv_buffer_loaded
+    # GroupQueryAttention (kv_buffer) chunks batch 1 only; the standard graph a left-padded batch
+    prompts = [list(range(1000, 1017))] + ([list(range(2000, 2005)), [7]] if graph == "standard" else [])
+    ids, mask = left_pad(prompts, pad_id=0)
+    whole, _ = prefill(model._step, ids, mask, model.kv.for_generation(len(prompts), 20), chunk=None)
+    whole = whole.copy()  # kv_buffer logits are a view the next step overwrites
+    for chunk in (1, 4, 16):
+        chunked, _ = prefill(model._step, ids, mask, model.kv.for_generation(len(prompts), 20), chunk=chunk)
+        assert np.abs(chunked - whole).max() < 1e-4, chunk
+    two = prompts[:1] + [list(range(2000, 2005))]  # a kv_buffer batch falls back to one run
+    try:
+        model.prefill_chunk = 4
+        chunked = [g.ids for g in model.generate_batch(prompts, max_new_tokens=8, greedy=True, ignore_eos=True)]
+        chunked_two = [g.ids for g in model.generate_batch(two, max_new_tokens=8, greedy=True, ignore_eos=True)]
+        model.prefill_chunk = None
+        single = [g.ids for g in model.generate_batch(prompts, max_new_tokens=8, greedy=True, ignore_eos=True)]
+        single_two = [g.ids for g in model.generate_batch(two, max_new_tokens=8, greedy=True, ignore_eos=True)]
+    finally:
+        model.prefill_chunk = 256
+    assert chunked == single and chunked_two == single_two
