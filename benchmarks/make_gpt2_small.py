@@ -1,9 +1,10 @@
-"""Write a GPT-2-small-shaped checkpoint (124M, random seeded weights) with transformers' save_pretrained.
+"""Write a GPT-2-small-shaped checkpoint (124M, random seeded weights) with transformers' save_pretrained;
+`--size medium` writes the 355M shape (24 layers x 1024 wide x 16 heads).
 
 Random weights are fine for speed: every figure in benchmarks/ that uses this model is a
 speed figure or a parity figure, never a quality one.
 
-    python benchmarks/make_gpt2_small.py --out .cache/gpt2-small-random
+    python benchmarks/make_gpt2_small.py --out .cache/gpt2-small-random [--size medium]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+SIZES = {"small": {"n_layer": 12, "n_embd": 768, "n_head": 12}, "medium": {"n_layer": 24, "n_embd": 1024, "n_head": 16}}
 TOKENIZER = Path(__file__).resolve().parents[1] / "samples" / "tokenizers" / "gpt2"
 
 
@@ -22,9 +24,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size", choices=sorted(SIZES), default="small")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
-    model = GPT2LMHeadModel(GPT2Config()).eval()  # n_layer 12, n_embd 768, n_head 12, vocab 50257, context 1024
+    model = GPT2LMHeadModel(GPT2Config(**SIZES[args.size])).eval()  # vocab 50257, context 1024
     model.save_pretrained(args.out)
     # GPT-2's original tokenizer files, under the names transformers and CTranslate2 read.
     shutil.copyfile(TOKENIZER / "encoder.json", args.out / "vocab.json")
