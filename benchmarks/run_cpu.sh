@@ -23,6 +23,13 @@ $G bench "$W/fp32" "$W/fp32-kvb" "$W/dynamic" "$W/dynamic-kvb" "$W/weight-only-k
 echo; echo "## decode at 1024 context (prompt 896, new 128)"
 $G bench "$W/fp32" "$W/fp32-kvb" "$W/dynamic-kvb" --context 1024 --threads 2 --peers ctranslate2
 echo; echo "## first token, 512-token prompt (new 8)"
-$G bench "$W/fp32-kvb" "$W/dynamic-kvb" --prompt 512 --new 8 --threads 2 --peers ctranslate2
+$G bench "$W/fp32" "$W/fp32-kvb" "$W/dynamic" "$W/dynamic-kvb" --prompt 512 --new 8 --threads 2 --peers ctranslate2
 echo; echo "## batch 8 (prompt 32, new 128)"
-$G bench "$W/fp32-kvb" "$W/dynamic-kvb" --batch 8 --threads 2
+$G bench "$W/fp32-kvb" "$W/dynamic-kvb" "$W/static" "$W/weight-only-kvb" --batch 8 --threads 2
+echo; echo "## peak RSS, one model per process (prompt 32, new 64)"
+M=$W-medium  # GPT-2 medium shape (355M): where the fixed cost of the process weighs less
+[ -f "$M/ckpt/model.safetensors" ] || python benchmarks/make_gpt2_small.py --out "$M/ckpt" --size medium
+[ -f "$M/fp32-kvb/gptedge.json" ] || $G export "$M/ckpt" -o "$M/fp32-kvb" --graph kv_buffer
+[ -f "$M/dynamic-kvb/gptedge.json" ] || $G quantize "$M/fp32-kvb" -o "$M/dynamic-kvb" --method dynamic
+python benchmarks/rss_per_model.py "$W/fp32-kvb" "$W/dynamic-kvb" "$W/weight-only-kvb" "$W/static" \
+  "$M/fp32-kvb" "$M/dynamic-kvb"
