@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import onnx
@@ -18,5 +19,9 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int = EXTERNAL_DATA
     if size > threshold:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=path.name + ".data", size_threshold=1024)
+        umask = os.umask(0)
+        os.umask(umask)
+        # onnx creates the data file 0600; it should be as readable as model.onnx beside it
+        os.chmod(path.with_name(path.name + ".data"), 0o666 & ~umask)
     else:
         onnx.save_model(model, str(path))

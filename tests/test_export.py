@@ -123,7 +123,9 @@ def test_large_models_use_external_data(tmp_path, monkeypatch):
 
     monkeypatch.setattr(onnx_files.save_onnx, "__defaults__", (1000,))
     export_model(tiny_reference("gpt2", seed=15), tmp_path / "m")  # validates through the external-data file
-    assert (tmp_path / "m" / "model.onnx.data").stat().st_size > (tmp_path / "m" / "model.onnx").stat().st_size
+    data, graph = (tmp_path / "m" / "model.onnx.data").stat(), (tmp_path / "m" / "model.onnx").stat()
+    assert data.st_size > graph.st_size
+    assert data.st_mode & 0o777 == graph.st_mode & 0o777  # as readable as the graph (onnx makes it 0600)
 
 
 def test_kv_buffer_graph_is_updated_in_place(tmp_path):
