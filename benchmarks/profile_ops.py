@@ -15,6 +15,7 @@ import onnxruntime as ort
 
 from gptedge.runtime import load
 from gptedge.runtime.bench import bench_prompts
+from gptedge.runtime.generation import PREFILL_CHUNK
 
 
 def main() -> None:
@@ -25,8 +26,12 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="0: the whole prompt in one run")
     args = ap.parse_args()
     model = load(args.model, device="cpu", threads=args.threads)
+    model.prefill_chunk = args.prefill_chunk or None
+    chunked = args.prefill_chunk and not (model.kv_buffer and args.batch > 1)  # as LoadedModel decides
+    prefill_runs = -(-args.prompt // args.prefill_chunk) if chunked else 1
     # A second session on the same graph with profiling on; the runtime's loop drives it.
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
@@ -41,12 +46,14 @@ def main() -> None:
         with open(model.session.end_profiling()) as f:
             events = json.load(f)
     model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
-    prefill_end = model_runs[0]["ts"] + model_runs[0]["dur"]  # the first run is the prompt's prefill
+    last_prefill = model_runs[prefill_runs - 1]
+    prefill_end = last_prefill["ts"] + last_prefill["dur"]  # the first runs are the prompt's prefill
     print(f"{args.model}: prompt {args.prompt} x batch {args.batch}, {args.new} new tokens at "
           f"{out.tokens_per_s:.1f} tok/s (profiling on), {args.threads} threads")
     for label, runs, in_phase in (
-            ("prefill (first run)", model_runs[:1], lambda e: e["ts"] < prefill_end),
-            (f"decode ({len(model_runs) - 1} runs)", model_runs[1:], lambda e: e["ts"] >= prefill_end)):
+            (f"prefill ({prefill_runs} runs)", model_runs[:prefill_runs], lambda e: e["ts"] < prefill_end),
+            (f"decode ({len(model_runs) - prefill_runs} runs)", model_runs[prefill_runs:],
+             lambda e: e["ts"] >= prefill_end)):
         _print_table(label, runs, [e for e in events if in_phase(e)], args.top)
 
 
