@@ -41,6 +41,17 @@ class Rewrite:
     def is_linear(self, node: onnx.NodeProto) -> bool:
         return node.op_type == "MatMul" and node.input[1] in self.weights and self.weights[node.input[1]].ndim == 2
 
+    def bias_add(self, node: onnx.NodeProto) -> onnx.NodeProto | None:
+        """The Add that is the only consumer of a linear MatMul's output and adds a 1-D (N,) initializer."""
+        out = node.output[0]
+        users = [n for n in self.model.graph.node if out in n.input]
+        if out in {o.name for o in self.model.graph.output} or len(users) != 1 or users[0].op_type != "Add":
+            return None
+        add = users[0]
+        bias = add.input[1] if add.input[0] == out else add.input[0]
+        width = self.weights[node.input[1]].shape[1]
+        return add if bias in self.weights and self.weights[bias].shape == (width,) else None
+
     def tied_embedding(self) -> tuple[str, onnx.NodeProto, onnx.NodeProto]:
         """-> (weight name, its Gather, its LM-head Gemm)."""
         for gemm in self.model.graph.node:
@@ -84,6 +95,8 @@ def rewrite_dynamic(model: onnx.ModelProto, per_channel: bool = True, quantize_a
     """
     r = Rewrite(model)
     wte, gather, gemm = r.tied_embedding()
+    # A linear's bias Add goes into DynamicQuantizeMatMul's bias input: one kernel, no (B, S, N) pass.
+    folded = {add.output[0] for node in model.graph.node if r.is_linear(node) and (add := r.bias_add(node))}
     q, scale = qm.quantize_rows(r.weights[wte], per_channel)  # (V, C) int8, (V,)
     wq = r.init(f"{wte}.int8_t", q.T)  # (C, V)
     ws = r.init(f"{wte}.scale", scale)  # (V,)
@@ -102,13 +115,20 @@ def rewrite_dynamic(model: onnx.ModelProto, per_channel: bool = True, quantize_a
         elif node is gemm:
             r.node("DynamicQuantizeMatMul", [node.input[0], wq, ws, wz], list(node.output), node.name, domain=MS_DOMAIN)
             r.quantized[node.name] = "DynamicQuantizeMatMul (LM head, tied int8 weight)"
+        elif node.op_type == "Add" and node.output[0] in folded:
+            continue  # emitted with its MatMul
         elif r.is_linear(node):
             wq_l, ws_l = qm.quantize_columns(r.weights[node.input[1]], per_channel)
             w = node.input[1]
-            r.node("DynamicQuantizeMatMul", [node.input[0], r.init(f"{w}.int8", wq_l), r.init(f"{w}.scale", ws_l),
-                                              r.init(f"{w}.zero_point", np.zeros(ws_l.shape, np.int8))],
-                   list(node.output), node.name, domain=MS_DOMAIN)
-            r.quantized[node.name] = "DynamicQuantizeMatMul"
+            inputs = [node.input[0], r.init(f"{w}.int8", wq_l), r.init(f"{w}.scale", ws_l),
+                      r.init(f"{w}.zero_point", np.zeros(ws_l.shape, np.int8))]
+            outputs = list(node.output)
+            add = r.bias_add(node)
+            if add is not None:
+                inputs.append(next(i for i in add.input if i != node.output[0]))  # (N,) bias
+                outputs = list(add.output)
+            r.node("DynamicQuantizeMatMul", inputs, outputs, node.name, domain=MS_DOMAIN)
+            r.quantized[node.name] = "DynamicQuantizeMatMul" + (" (+ bias)" if add is not None else "")
         elif quantize_attention and node.op_type == "MatMul":
             _dynamic_int8_matmul(r, node.input[0], node.input[1], node.output[0], node.name)
             r.quantized[node.name] = "MatMulInteger (activation x activation)"

@@ -60,6 +60,14 @@ def test_every_linear_and_the_tied_weight_quantized_attention_float(quantized_di
     ops = {m: Counter(n.op_type for n in graph(out).graph.node) for m, (_, out) in quantized_dirs.items()}
     # 4 linears per layer + the LM head
     assert ops["dynamic"]["DynamicQuantizeMatMul"] == 4 * n_layer + 1
+    # the two c_proj biases of each layer ride in DynamicQuantizeMatMul's bias input, not in an Add after it
+    dynamic = graph(quantized_dirs["dynamic"][1])
+    with_bias = [n for n in dynamic.graph.node if n.op_type == "DynamicQuantizeMatMul" and len(n.input) == 5]
+    assert len(with_bias) == 2 * n_layer
+    producer = {o: n for n in dynamic.graph.node for o in n.output}
+    consts = {t.name for t in dynamic.graph.initializer}
+    assert not [n for n in dynamic.graph.node if n.op_type == "Add" and any(i in consts for i in n.input)
+                and any(producer.get(i) is not None and producer[i].op_type == "DynamicQuantizeMatMul" for i in n.input)]
     assert ops["weight-only"]["MatMulNBits"] == 4 * n_layer + 1
     for m in METHODS:  # attention (QK^T, softmax, PV) stays one float MultiHeadAttention per layer
         assert ops[m]["MultiHeadAttention"] == n_layer, m
