@@ -73,30 +73,24 @@ class LoadedModel:
                 grown[:, :, :p.shape[2]] = p
                 p = grown
             buffers.append(p)
-        logits, buffers = self._run_buffered(input_ids, attention_mask, position_ids, buffers, keep=0)
-        return logits, [b.numpy()[:, :, :total] for b in buffers]
-
-    def _run_buffered(self, input_ids, attention_mask, position_ids, past, keep: int):
-        """IO binding with each past buffer bound as its own present: GroupQueryAttention writes in place."""
-        ort = self._ort
+        # Each buffer bound as its own past and present: GroupQueryAttention writes the new positions in
+        # place. The buffers are ONNX Runtime's own (one over numpy memory would die with the array).
         binding = self.session.io_binding()
-        binding.bind_cpu_input(C.INPUT_IDS, input_ids)
-        binding.bind_cpu_input(C.ATTENTION_MASK, attention_mask)
-        binding.bind_cpu_input(C.POSITION_IDS, position_ids)
-        binding.bind_cpu_input(C.LOGITS_TO_KEEP, np.array(keep, dtype=np.int64))
+        names = (C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS, C.LOGITS_TO_KEEP)  # keep 0: every position
+        inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids, 0)]
+        for name, array in zip(names, inputs):  # read in place by the run: `inputs` keeps them alive
+            binding.bind_cpu_input(name, array)
         binding.bind_output(C.LOGITS, "cpu")
-        buffers = []
-        for in_name, out_name, kv in zip(self._past_names, self._present_names, past):
-            if isinstance(kv, np.ndarray):  # a buffer ONNX Runtime owns (a numpy-backed one dies with the array)
-                owned = ort.OrtValue.ortvalue_from_shape_and_type(kv.shape, kv.dtype, self._kv_device, 0)
-                owned.update_inplace(kv)
-                kv = owned
-            binding.bind_ortvalue_input(in_name, kv)
-            binding.bind_ortvalue_output(out_name, kv)
-            buffers.append(kv)
+        owned = []
+        for in_name, out_name, kv in zip(self._past_names, self._present_names, buffers):
+            value = self._ort.OrtValue.ortvalue_from_shape_and_type(kv.shape, kv.dtype, self._kv_device, 0)
+            value.update_inplace(kv)
+            binding.bind_ortvalue_input(in_name, value)
+            binding.bind_ortvalue_output(out_name, value)
+            owned.append(value)
         self.session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy().astype(np.float32, copy=False)
-        return logits, buffers
+        return logits, [b.numpy()[:, :, :total] for b in owned]
 
     def _step(self, input_ids, attention_mask, position_ids, past):
         """One generation step -> (last-position logits (B, V), the past for the next step).
