@@ -14,13 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gptedge.runtime.compare import graph_size
 from gptedge.runtime.manifest import read_manifest
-
-
-def model_bytes(model_dir: Path) -> int:
-    model_file = model_dir / read_manifest(model_dir).model_file
-    data = model_file.with_name(model_file.name + ".data")
-    return model_file.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
 def main() -> None:
@@ -42,7 +37,7 @@ def main() -> None:
                               "--repeat", "1", "--threads", str(args.threads), "--json"],
                              check=True, capture_output=True, text=True)
         rss = json.loads(out.stdout)["rows"][0]["peak_rss_mb"]  # MiB: ru_maxrss in KiB / 1024
-        size = model_bytes(model) / 2**20
+        size = graph_size(model, read_manifest(model).model_file) / 2**20
         print(f"| {model.name} | {size:.1f} | {rss:.0f} | {rss / size:.2f}x |")
 
 

@@ -301,7 +301,7 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
         click.echo(json.dumps({"setup": setup, "rows": [r.to_dict() for r in rows]}, indent=2))
         return
     click.echo(f"batch {batch}, prompt {prompt_len}, new {new_tokens} (greedy), {threads} threads, median of {repeat}")
-    click.echo("| engine | load s | first token ms | decode tok/s | peak RSS MB | notes |")
+    click.echo("| engine | load s | first token ms | decode tok/s | peak RSS MiB | notes |")
     click.echo("|---|---:|---:|---:|---:|---|")
     for r in rows:
         click.echo(f"| {r.name} | {r.load_s:.2f} | {1000 * r.ttft_s:.1f} | {r.decode_tok_s:.1f} | {r.peak_rss_mb:.0f} | {r.notes} |")

@@ -41,16 +41,24 @@ class Rewrite:
     def is_linear(self, node: onnx.NodeProto) -> bool:
         return node.op_type == "MatMul" and node.input[1] in self.weights and self.weights[node.input[1]].ndim == 2
 
-    def bias_add(self, node: onnx.NodeProto) -> onnx.NodeProto | None:
-        """The Add that is the only consumer of a linear MatMul's output and adds a 1-D (N,) initializer."""
-        out = node.output[0]
-        users = [n for n in self.model.graph.node if out in n.input]
-        if out in {o.name for o in self.model.graph.output} or len(users) != 1 or users[0].op_type != "Add":
-            return None
-        add = users[0]
-        bias = add.input[1] if add.input[0] == out else add.input[0]
-        width = self.weights[node.input[1]].shape[1]
-        return add if bias in self.weights and self.weights[bias].shape == (width,) else None
+    def bias_adds(self) -> dict[str, tuple[onnx.NodeProto, str]]:
+        """Linear MatMul output -> (the Add that is its only consumer, the 1-D (N,) initializer it adds)."""
+        users: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.model.graph.node:
+            for i in n.input:
+                users.setdefault(i, []).append(n)
+        graph_outputs = {o.name for o in self.model.graph.output}
+        found = {}
+        for node in self.model.graph.node:
+            out = node.output[0]
+            if not self.is_linear(node) or out in graph_outputs or len(users.get(out, [])) != 1:
+                continue
+            add = users[out][0]
+            bias = add.input[1] if add.input[0] == out else add.input[0]
+            width = self.weights[node.input[1]].shape[1]
+            if add.op_type == "Add" and bias in self.weights and self.weights[bias].shape == (width,):
+                found[out] = (add, bias)
+        return found
 
     def tied_embedding(self) -> tuple[str, onnx.NodeProto, onnx.NodeProto]:
         """-> (weight name, its Gather, its LM-head Gemm)."""
@@ -96,7 +104,8 @@ def rewrite_dynamic(model: onnx.ModelProto, per_channel: bool = True, quantize_a
     r = Rewrite(model)
     wte, gather, gemm = r.tied_embedding()
     # A linear's bias Add goes into DynamicQuantizeMatMul's bias input: one kernel, no (B, S, N) pass.
-    folded = {add.output[0] for node in model.graph.node if r.is_linear(node) and (add := r.bias_add(node))}
+    bias_adds = r.bias_adds()
+    folded = {add.output[0] for add, _ in bias_adds.values()}
     q, scale = qm.quantize_rows(r.weights[wte], per_channel)  # (V, C) int8, (V,)
     wq = r.init(f"{wte}.int8_t", q.T)  # (C, V)
     ws = r.init(f"{wte}.scale", scale)  # (V,)
@@ -123,12 +132,12 @@ def rewrite_dynamic(model: onnx.ModelProto, per_channel: bool = True, quantize_a
             inputs = [node.input[0], r.init(f"{w}.int8", wq_l), r.init(f"{w}.scale", ws_l),
                       r.init(f"{w}.zero_point", np.zeros(ws_l.shape, np.int8))]
             outputs = list(node.output)
-            add = r.bias_add(node)
-            if add is not None:
-                inputs.append(next(i for i in add.input if i != node.output[0]))  # (N,) bias
+            if node.output[0] in bias_adds:
+                add, bias = bias_adds[node.output[0]]
+                inputs.append(bias)  # (N,)
                 outputs = list(add.output)
             r.node("DynamicQuantizeMatMul", inputs, outputs, node.name, domain=MS_DOMAIN)
-            r.quantized[node.name] = "DynamicQuantizeMatMul" + (" (+ bias)" if add is not None else "")
+            r.quantized[node.name] = "DynamicQuantizeMatMul" + (" (+ bias)" if node.output[0] in bias_adds else "")
         elif quantize_attention and node.op_type == "MatMul":
             _dynamic_int8_matmul(r, node.input[0], node.input[1], node.output[0], node.name)
             r.quantized[node.name] = "MatMulInteger (activation x activation)"

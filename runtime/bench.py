@@ -20,7 +20,7 @@ class BenchRow:
     load_s: float
     ttft_s: float  # prefill of the prompt and the first new token
     decode_tok_s: float  # new tokens after the first, over all rows of the batch, per second
-    peak_rss_mb: float  # of the whole process when the row finished (rows run in order)
+    peak_rss_mb: float  # MiB, of the whole process when the row finished (rows run in order)
     notes: str = ""
     runs: list[float] = field(default_factory=list)  # decode tok/s of each repeat
 

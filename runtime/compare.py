@@ -37,9 +37,9 @@ class CompareRow:
         return asdict(self)
 
 
-def graph_size(model) -> int:
+def graph_size(model_dir: Path, model_file: str) -> int:
     """Bytes of the graph and its external data, as shipped (tokenizer and JSON not counted)."""
-    main = model.model_dir / model.manifest.model_file
+    main = Path(model_dir) / model_file
     data = main.with_name(main.name + ".data")
     return main.stat().st_size + (data.stat().st_size if data.exists() else 0)
 
@@ -98,7 +98,7 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
         result.append(CompareRow(
             model=str(m.model_dir), precision=m.manifest.precision,
             method=q.get("method") or ("imported" if "imported_from" in m.manifest.source else m.manifest.precision),
-            size_bytes=graph_size(m), perplexity=ppl, delta_ppl_pct=100.0 * (ppl / ref_ppl - 1.0),
+            size_bytes=graph_size(m.model_dir, m.manifest.model_file), perplexity=ppl, delta_ppl_pct=100.0 * (ppl / ref_ppl - 1.0),
             top1_agreement=float(agree[i] / count), kl=float(kl[i] / count), greedy_agreement=greedy_agree,
             tokens_per_s=float(np.mean([o.tokens_per_s for o in outs]))))
     return result

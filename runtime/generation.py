@@ -54,10 +54,9 @@ class KVSpec:
     dtype: type = np.float32
     buffer: bool = False  # kv_buffer graphs: one preallocated (B, nh, max_len, hs) buffer per key / value
 
-    def empty(self, batch: int, max_length: int = 0) -> list[np.ndarray]:
-        """An empty past for forward(); kv_buffer graphs get zeroed buffers of max_length."""
-        length = max_length if self.buffer else 0
-        return [np.zeros((batch, self.n_head, length, self.head_dim), self.dtype) for _ in range(2 * self.n_layer)]
+    def empty(self, batch: int) -> list[np.ndarray]:
+        """A zero-length past for forward() (which grows it into buffers on kv_buffer graphs)."""
+        return [np.zeros((batch, self.n_head, 0, self.head_dim), self.dtype) for _ in range(2 * self.n_layer)]
 
     def for_generation(self, batch: int, max_length: int) -> list[np.ndarray] | FreshBuffers:
         """The past of a generation's first step: empty, or (kv_buffer graphs) buffers the step makes once."""

@@ -33,6 +33,7 @@ class LoadedModel:
         self.load_s = load_s
         self._tokenizer = None
         past_types = {i.name: i.type for i in session.get_inputs()}
+        self._logits_dtype = _ORT_FLOAT.get({o.name: o.type for o in session.get_outputs()}[C.LOGITS], np.float32)
         self.kv_buffer = manifest.graph == C.GRAPH_KV_BUFFER
         self.kv = KVSpec(manifest.shape.n_layer, manifest.shape.n_head, manifest.shape.head_dim,
                          _ORT_FLOAT.get(past_types.get(C.past_key(0)), np.float32), buffer=self.kv_buffer)
@@ -100,12 +101,10 @@ class LoadedModel:
         graphs the past is a KVBufferBinding made at the first step (from FreshBuffers) and reused."""
         if self.kv_buffer:
             if isinstance(past, FreshBuffers):
-                outputs = {o.name: o.type for o in self.session.get_outputs()}
                 shape = self.manifest.shape
                 past = KVBufferBinding(self.session, self._ort, shape.n_layer,
                                        (past.batch, shape.n_head, past.max_length, shape.head_dim), self.kv.dtype,
-                                       (past.batch, 1, shape.vocab_size), _ORT_FLOAT.get(outputs[C.LOGITS], np.float32),
-                                       self._kv_device)
+                                       (past.batch, 1, shape.vocab_size), self._logits_dtype, self._kv_device)
             return past.step(input_ids, attention_mask, position_ids), past
         value = self._ort.OrtValue.ortvalue_from_numpy
         feeds = {C.INPUT_IDS: value(input_ids), C.ATTENTION_MASK: value(attention_mask),
