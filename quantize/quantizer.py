@@ -87,9 +87,11 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
     if recipe.method == "static" and calibration_text is None:
         raise QuantizationError("static quantization needs --calibration TEXT_FILE")
     model = onnx.load(str(model_dir / manifest.model_file))  # external data, if any, is read too
-    if recipe.quantize_attention and any(n.op_type == "MultiHeadAttention" for n in model.graph.node):
+    fused_ops = ("MultiHeadAttention", "GroupQueryAttention")
+    fused = next((n.op_type for n in model.graph.node if n.op_type in fused_ops), None)
+    if recipe.quantize_attention and fused:
         raise QuantizationError("--quantize-attention needs a graph exported with --plain-ops: this one computes "
-                                "attention in one fused float op (MultiHeadAttention)")
+                                f"attention in one fused float op ({fused})")
     shape = manifest.shape
     if recipe.method == "dynamic":
         quantized, nodes = rewrite_dynamic(model, recipe.per_channel, recipe.quantize_attention)

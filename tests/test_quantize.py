@@ -129,10 +129,11 @@ def test_quantized_attention_option(tmp_path):
     assert float_attention.quantization["attention_products"] == "float"
 
 
-def test_quantized_attention_refused_on_fused_attention(gpt2_model_dir, tmp_path):
-    with pytest.raises(QuantizationError, match="needs a graph exported with --plain-ops"):
-        quantize_model_dir(gpt2_model_dir, tmp_path / "qa", QuantizeRecipe("dynamic", quantize_attention=True))
-    assert not (tmp_path / "qa").exists()
+def test_quantized_attention_refused_on_fused_attention(gpt2_model_dir, gpt2_kv_buffer_loaded, tmp_path):
+    for source, op in ((gpt2_model_dir, "MultiHeadAttention"), (gpt2_kv_buffer_loaded.model_dir, "GroupQueryAttention")):
+        with pytest.raises(QuantizationError, match=f"needs a graph exported with --plain-ops.*{op}"):
+            quantize_model_dir(source, tmp_path / "qa", QuantizeRecipe("dynamic", quantize_attention=True))
+        assert not (tmp_path / "qa").exists()
 
 
 def test_per_tensor_option(gpt2_model_dir, tmp_path):
