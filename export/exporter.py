@@ -12,7 +12,7 @@ from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
 from gptedge.runtime.contract import GRAPH_KV_BUFFER, GRAPH_STANDARD, LOGITS_TO_KEEP, IONames
 from gptedge.runtime.errors import CheckpointError
-from gptedge.runtime.manifest import MODEL_FILE, Manifest, write_json, write_manifest
+from gptedge.runtime.manifest import MODEL_FILE, GraphParity, GreedyParity, Manifest, Parity, Source, write_json, write_manifest
 
 from .checkpoint import file_sha256, load_checkpoint, weights_file
 from .config import GPTConfig
@@ -56,9 +56,9 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
                             pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(inputs),
                             outputs=tuple(names.outputs),
-                            source={**(source_info or {}), "opset": opset, "gptedge_version": __version__,
-                                    "activation": cfg.activation, "layer_norm_epsilon": cfg.layer_norm_epsilon,
-                                    "contrib_ops": fused_ops})
+                            source=Source(**(source_info or {}), opset=opset, gptedge_version=__version__,
+                                          activation=cfg.activation, layer_norm_epsilon=cfg.layer_norm_epsilon,
+                                          contrib_ops=tuple(fused_ops)))
         write_manifest(tmp, manifest)
         if validate:
             manifest = manifest.replace(parity=validate_model_dir(reference, tmp, has_tokenizer, greedy_tokens))
@@ -67,7 +67,7 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
     return manifest
 
 
-def validate_model_dir(reference: GPT, model_dir: Path, has_tokenizer: bool, greedy_tokens: int = 64) -> dict:
+def validate_model_dir(reference: GPT, model_dir: Path, has_tokenizer: bool, greedy_tokens: int = 64) -> Parity:
     from gptedge.runtime import load
 
     loaded = load(model_dir, device="cpu")
@@ -75,7 +75,8 @@ def validate_model_dir(reference: GPT, model_dir: Path, has_tokenizer: bool, gre
     graph = compare_graph(reference.eval(), loaded)
     greedy = compare_greedy(reference, loaded, greedy_prompts(reference.cfg.vocab_size, tokenizer),
                             greedy_tokens, tokenizer)
-    return {"graph_vs_reference": graph, "greedy_vs_reference": greedy, "device": "cpu"}
+    return Parity(graph_vs_reference=GraphParity(**{**graph, "index": tuple(graph["index"])}),
+                  greedy_vs_reference=GreedyParity(**greedy), device="cpu")
 
 
 def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,

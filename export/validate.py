@@ -43,7 +43,7 @@ def compare_graph(reference: GPT, loaded, batch: int = 2, prompt_len: int = 8, d
     for b in range(batch):
         mask[b, : min(b, prompt_len - 1)] = 0
     pos = positions(mask)
-    past_ref, past_onnx = None, loaded.kv.empty(batch)
+    past_ref, past_onnx = None, loaded.empty_past(batch)
     worst = {"max_abs_diff": 0.0, "output": C.LOGITS, "step": "prefill", "index": []}
     agree = total = 0
     for step in range(decode_steps + 1):

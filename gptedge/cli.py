@@ -69,11 +69,10 @@ def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, grap
     exporter = import_extra("gptedge.export.exporter", "export")
     manifest = exporter.export_checkpoint(source, out, force=force, opset=opset, fused=not plain_ops,
                                           graph_variant=graph_variant)
-    graph = manifest.parity.get("graph_vs_reference", {})
-    greedy = manifest.parity.get("greedy_vs_reference", {})
-    diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.get('max_abs_diff', float('nan')):.2e} "
-         f"({graph.get('output')}, {graph.get('step')}), top-1 {graph.get('top1_agreement', 0):.2%}; "
-         f"greedy {greedy.get('tokens_compared', 0)} tokens identical over {greedy.get('prompts', 0)} prompts")
+    graph, greedy = manifest.parity.graph_vs_reference, manifest.parity.greedy_vs_reference
+    diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.max_abs_diff:.2e} "
+         f"({graph.output}, {graph.step}), top-1 {graph.top1_agreement:.2%}; "
+         f"greedy {greedy.tokens_compared} tokens identical over {greedy.prompts} prompts")
 
 
 def _sampling_options(fn):
@@ -103,14 +102,14 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
              repetition_penalty: float, seed: int | None, greedy: bool, stop: tuple[str, ...], device: str,
              threads: int | None, as_json: bool) -> None:
     """Continue PROMPT with the model in MODEL (default: the shipped sample model); text on stdout, timings on stderr."""
-    from gptedge.runtime import load
+    from gptedge.runtime import SessionConfig, load
 
     if model is None:
         from gptedge.sample import sample_model_dir
 
         model = str(sample_model_dir())
 
-    loaded = load(model, device=device, threads=threads)
+    loaded = load(model, device=device, session=SessionConfig(threads=threads))
     loaded.tokenizer  # fail on a missing tokenizer before anything is printed
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     sampling = dict(top_k=top_k, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
@@ -119,10 +118,11 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
         result = loaded.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, **sampling)
         click.echo(json.dumps({"prompt": prompt, **result.to_dict()}, ensure_ascii=False))
     else:
-        for piece in loaded.stream(prompt, max_new_tokens=max_new_tokens, stop=stop, **sampling):
+        stream = loaded.stream(prompt, max_new_tokens=max_new_tokens, stop=stop, **sampling)
+        for piece in stream:
             click.echo(piece, nl=False)
         click.echo()
-        result = loaded.last_generation
+        result = stream.result
     diag(f"{len(result.ids)} tokens, stop: {result.stop}; first token {result.time_to_first_token_s * 1000:.0f} ms, "
          f"decode {result.tokens_per_s:.1f} tok/s")
 
@@ -179,10 +179,10 @@ def quantize(model: str, out: str, method: str, per_channel: bool, block_size: i
     text = _read_text(calibration) if calibration else None
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
                                     progress=_progress("calibrating"))
-    check = manifest.parity["vs_fp32"]
-    diag(f"quantized {model} -> {out} ({method}): {sum(manifest.quantization['quantized_nodes'].values())} nodes "
-         f"quantized; vs fp32 on seeded ids: top-1 {check['top1_agreement']:.2%}, "
-         f"max |logit diff| {check['max_abs_logit_diff']:.3g}")
+    check = manifest.parity.vs_fp32
+    diag(f"quantized {model} -> {out} ({method}): {sum(manifest.quantization.quantized_nodes.values())} nodes "
+         f"quantized; vs fp32 on seeded ids: top-1 {check.top1_agreement:.2%}, "
+         f"max |logit diff| {check.max_abs_logit_diff:.3g}")
 
 
 @main.command(name="eval", context_settings=CONTEXT)
@@ -251,8 +251,7 @@ def _peer_source(model_dir: str, source: str | None) -> Path:
 
     if source:
         return Path(source)
-    m = read_manifest(model_dir).source
-    path = m.get("path") or (m.get("fp32_source") or {}).get("path")
+    path = read_manifest(model_dir).source.checkpoint
     if not path or not Path(path, "config.json").is_file():
         raise click.ClickException(f"{model_dir}: no HF checkpoint recorded for the peers; pass --source DIR")
     return Path(path)

@@ -13,10 +13,10 @@ import onnx
 EXTERNAL_DATA_THRESHOLD = 64 * 1024 * 1024
 
 
-def save_onnx(model: onnx.ModelProto, path: Path, threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
-    """model.onnx, with the weights in model.onnx.data when they pass `threshold` bytes."""
+def save_onnx(model: onnx.ModelProto, path: Path) -> None:
+    """model.onnx, with the weights in model.onnx.data when they pass EXTERNAL_DATA_THRESHOLD bytes."""
     size = sum(len(t.raw_data) for t in model.graph.initializer)
-    if size > threshold:
+    if size > EXTERNAL_DATA_THRESHOLD:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=path.name + ".data", size_threshold=1024)
         umask = os.umask(0)

@@ -16,7 +16,9 @@ from gptedge import __version__
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
-from gptedge.runtime.manifest import Manifest, read_manifest, write_manifest
+from gptedge.runtime.graph_variant import variant_class
+from gptedge.runtime.manifest import (Manifest, Parity, Quantization, QuantizedParity, Source, read_manifest,
+                                      write_manifest)
 from gptedge.runtime.tokenizer import TOKENIZER_FILE
 
 from .graph_rewrite import rewrite_dynamic, rewrite_weight_only
@@ -51,7 +53,7 @@ class QuantizeRecipe:
             raise InvalidArgumentError("calibration needs at least one sequence of two tokens")
 
 
-def describe(recipe: QuantizeRecipe) -> dict:
+def describe(recipe: QuantizeRecipe, quantized_nodes: dict[str, int]) -> Quantization:
     """What the manifest says about how the weights and activations are stored."""
     scales = "per output channel" if recipe.per_channel else "per tensor"
     if recipe.method == "weight-only":
@@ -65,15 +67,15 @@ def describe(recipe: QuantizeRecipe) -> dict:
     else:
         weights, activations = f"s8 symmetric, {scales} (QDQ)", "u8, ranges calibrated on text (QDQ)"
         embedding = "tied weight stored once as int8 (C, V) QDQ; LM head MatMul, embedding Gather(axis=1) of the same int8 weight"
-    return {**asdict(recipe), "weights": weights, "activations": activations, "embedding_and_lm_head": embedding,
-            "attention_products": "float",
-            "kept_float": "position embedding, LayerNorms, biases"}
+    return Quantization(**asdict(recipe), weights=weights, activations=activations, embedding_and_lm_head=embedding,
+                        attention_products="int8" if recipe.quantize_attention else "float",
+                        kept_float="position embedding, LayerNorms, biases", quantized_nodes=quantized_nodes)
 
 
 def _check_source(model_dir: Path) -> Manifest:
     manifest = read_manifest(model_dir)  # raises for a dir without manifest
     if manifest.quantization or manifest.precision != "fp32":
-        how = (manifest.quantization or {}).get("method", manifest.precision)
+        how = manifest.quantization.method if manifest.quantization else manifest.precision
         raise QuantizationError(f"{model_dir} is already quantized ({how}); quantize its fp32 source instead")
     return manifest
 
@@ -107,8 +109,7 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
         ids = encode(load_tokenizer(model_dir), calibration_text)
         length = min(recipe.calibration_length, shape.context_length)
         windows = calibration_windows(ids, recipe.calibration_sequences, length)
-        reader = TextCalibrationReader(windows, shape.n_layer, shape.n_head, shape.head_dim, progress,
-                                       kv_buffer=manifest.graph == "kv_buffer")
+        reader = TextCalibrationReader(windows, variant_class(manifest.graph), shape, progress)
         quantized = quantize_static_qdq(model, reader, recipe.per_channel, recipe.quantize_attention)
         nodes = {n.name: n.op_type for n in quantized.graph.node if n.op_type == "QuantizeLinear"}
     with atomic_output_dir(out, force) as tmp:
@@ -116,20 +117,17 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, tmp / name)
-        recipe_info = {**describe(recipe), "quantized_nodes": dict(Counter(nodes.values()))}
-        if recipe.quantize_attention:
-            recipe_info["attention_products"] = "int8"
-        new = manifest.replace(precision="int8", quantization=recipe_info, parity={},
-                               source={"quantized_from": str(model_dir.resolve()), "fp32_source": manifest.source,
-                                       "gptedge_version": __version__})
+        new = manifest.replace(precision="int8", quantization=describe(recipe, dict(Counter(nodes.values()))),
+                               parity=Parity(), source=Source(quantized_from=str(model_dir.resolve()),
+                                                              fp32_source=manifest.source, gptedge_version=__version__))
         write_manifest(tmp, new)
-        new = new.replace(parity={"vs_fp32": compare_with_source(model_dir, tmp, shape.vocab_size)})
+        new = new.replace(parity=Parity(vs_fp32=compare_with_source(model_dir, tmp, shape.vocab_size)))
         write_manifest(tmp, new)
     log.info("wrote %s (%s)", out, recipe.method)
     return new
 
 
-def compare_with_source(fp32_dir: Path, int8_dir: Path, vocab: int, seed: int = 0) -> dict:
+def compare_with_source(fp32_dir: Path, int8_dir: Path, vocab: int, seed: int = 0) -> QuantizedParity:
     """A sanity check recorded in the manifest: logits of both graphs on a fixed batch of ids."""
     from gptedge.runtime import load
 
@@ -138,10 +136,9 @@ def compare_with_source(fp32_dir: Path, int8_dir: Path, vocab: int, seed: int = 
     ids = rng.integers(0, vocab, size=(2, min(32, ref.manifest.shape.context_length)), dtype=np.int64)
     mask = np.ones_like(ids)
     pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).copy()
-    a, _ = ref.forward(ids, mask, pos, ref.kv.empty(2))
-    b, _ = got.forward(ids, mask, pos, got.kv.empty(2))
-    figures = {"max_abs_logit_diff": float(np.abs(a - b).max()),
-               "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()), "inputs": "64 seeded random ids"}
+    a, _ = ref.forward(ids, mask, pos, ref.empty_past(2))
+    b, _ = got.forward(ids, mask, pos, got.empty_past(2))
     if not np.isfinite(b).all():
         raise QuantizationError("quantized graph produced non-finite logits")
-    return figures
+    return QuantizedParity(max_abs_logit_diff=float(np.abs(a - b).max()),
+                           top1_agreement=float((a.argmax(-1) == b.argmax(-1)).mean()), inputs="64 seeded random ids")

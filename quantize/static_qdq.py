@@ -17,8 +17,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gptedge.runtime import contract as C
 from gptedge.runtime.errors import QuantizationError
+from gptedge.runtime.graph_variant import GraphVariant
+from gptedge.runtime.manifest import ModelShape
 
 from .graph_rewrite import Rewrite
 
@@ -74,12 +75,12 @@ def point_gather_at_quantized(model: onnx.ModelProto, wt: str) -> onnx.ModelProt
 
 
 class TextCalibrationReader:
-    """Feeds prefill windows of real text (empty past) to ONNX Runtime's calibrator."""
+    """Feeds prefill windows of real text (empty cache) to ONNX Runtime's calibrator, as the graph
+    variant says its graph is fed."""
 
-    def __init__(self, windows: list[list[int]], n_layer: int, n_head: int, head_dim: int,
-                 progress: Callable[[int, int], None] | None = None, kv_buffer: bool = False):
-        self.windows, self.n_layer, self.n_head, self.head_dim = windows, n_layer, n_head, head_dim
-        self.kv_buffer = kv_buffer
+    def __init__(self, windows: list[list[int]], variant: type[GraphVariant], shape: ModelShape,
+                 progress: Callable[[int, int], None] | None = None):
+        self.windows, self.variant, self.shape = windows, variant, shape
         self.progress = progress
         self.i = 0
 
@@ -90,14 +91,7 @@ class TextCalibrationReader:
         self.i += 1
         if self.progress:
             self.progress(self.i, len(self.windows))
-        feeds = {C.INPUT_IDS: ids, C.ATTENTION_MASK: np.ones_like(ids), C.POSITION_IDS: np.arange(ids.shape[1])[None]}
-        # kv_buffer graphs take zeroed buffers with room for the window plus one, and logits_to_keep.
-        length = ids.shape[1] + 1 if self.kv_buffer else 0
-        feeds.update({name: np.zeros((1, self.n_head, length, self.head_dim), np.float32)
-                      for name in C.IONames(self.n_layer).past_names})
-        if self.kv_buffer:
-            feeds[C.LOGITS_TO_KEEP] = np.array(0, dtype=np.int64)
-        return feeds
+        return self.variant.calibration_feeds(ids, self.shape)
 
     def rewind(self) -> None:
         self.i = 0

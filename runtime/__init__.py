@@ -7,12 +7,15 @@
 
 from .errors import GptEdgeError
 from .manifest import Manifest, read_manifest
+from .session import SessionConfig
 
-__all__ = ["GptEdgeError", "Manifest", "read_manifest", "load"]
+__all__ = ["GptEdgeError", "Manifest", "SessionConfig", "read_manifest", "load"]
 
 
-def load(model_dir, device: str = "auto", **session_options):
-    """Load a model directory on a device ("cpu", "cuda" or "auto") -> LoadedModel."""
+def load(model_dir, device: str = "auto", session: SessionConfig | None = None):
+    """Load a model directory on a device ("cpu", "cuda" or "auto") -> LoadedModel.
+
+    session: how ONNX Runtime's session is made (threads, optimization level, provider options)."""
     from .model import load as _load  # onnxruntime is imported only here, with a hint when it is missing
 
-    return _load(model_dir, device=device, **session_options)
+    return _load(model_dir, device=device, session=session)

@@ -41,10 +41,10 @@ def bench_prompts(vocab: int, batch: int, length: int, seed: int = 0) -> list[li
 
 def bench_gptedge(model_dir: str, prompts: list[list[int]], new_tokens: int, threads: int | None = None,
                   repeat: int = 3, device: str = "cpu", name: str | None = None) -> BenchRow:
-    from . import load
+    from . import SessionConfig, load
 
     started = time.perf_counter()
-    model = load(model_dir, device=device, threads=threads)
+    model = load(model_dir, device=device, session=SessionConfig(threads=threads))
     load_s = time.perf_counter() - started
     model.generate_batch(prompts, max_new_tokens=4, greedy=True, ignore_eos=True, with_text=False)  # warm-up
     ttft, rates = [], []
@@ -53,6 +53,6 @@ def bench_gptedge(model_dir: str, prompts: list[list[int]], new_tokens: int, thr
         ttft.append(out[0].time_to_first_token_s)
         rates.append(out[0].tokens_per_s)
     label = name or f"gptedge {model.manifest.precision}" + (
-        f" {model.manifest.quantization['method']}" if model.manifest.quantization else "")
+        f" {model.manifest.quantization.method}" if model.manifest.quantization else "")
     return BenchRow(label, load_s, statistics.median(ttft), statistics.median(rates), peak_rss_mb(),
                     notes=", ".join(model.providers), runs=rates)

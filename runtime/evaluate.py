@@ -42,7 +42,7 @@ def sliding_windows(n_tokens: int, context: int, stride: int | None = None) -> l
 def window_logits(model, ids: list[int], window: Window) -> tuple[np.ndarray, np.ndarray]:
     """-> (logits (n, V) predicting each scored target, targets (n,)) for one window."""
     x = np.asarray(ids[window.begin:window.end], dtype=np.int64)[None]  # (1, L)
-    logits, _ = model.forward(x, np.ones_like(x), np.arange(x.shape[1], dtype=np.int64)[None], model.kv.empty(1))
+    logits, _ = model.forward(x, np.ones_like(x), np.arange(x.shape[1], dtype=np.int64)[None], model.empty_past(1))
     first = window.first_target - window.begin  # position of the first scored target in the window
     return logits[0, first - 1:-1], np.asarray(ids[window.first_target:window.end], dtype=np.int64)
 

@@ -7,18 +7,15 @@ so a row's tokens do not depend on what else is in the batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import InvalidArgumentError, PromptTooLongError
-from .kv_binding import FreshBuffers
+from .graph_variant import DecodeState, GraphVariant
 from .sampling import SamplingParams, select_token
 from .text_stream import TextStream
-
-# step(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), past) -> (last logits (B, V), presents)
-StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]]
 
 # Prompt tokens per prefill run. Attention kernels compute every (query, key) pair of a run, the
 # causal half included; prefilling in chunks skips the blocks above the diagonal. 256 was the
@@ -46,23 +43,6 @@ class Generation:
                 "time_to_first_token_s": self.time_to_first_token_s, "tokens_per_s": self.tokens_per_s}
 
 
-@dataclass(frozen=True)
-class KVSpec:
-    n_layer: int
-    n_head: int
-    head_dim: int
-    dtype: type = np.float32
-    buffer: bool = False  # kv_buffer graphs: one preallocated (B, nh, max_len, hs) buffer per key / value
-
-    def empty(self, batch: int) -> list[np.ndarray]:
-        """A zero-length past for forward() (which grows it into buffers on kv_buffer graphs)."""
-        return [np.zeros((batch, self.n_head, 0, self.head_dim), self.dtype) for _ in range(2 * self.n_layer)]
-
-    def for_generation(self, batch: int, max_length: int) -> list[np.ndarray] | FreshBuffers:
-        """The past of a generation's first step: empty, or (kv_buffer graphs) buffers the step makes once."""
-        return FreshBuffers(batch, max_length) if self.buffer else self.empty(batch)
-
-
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """-> input_ids, attention_mask, both (B, L) int64, shorter prompts padded on the left."""
     length = max(len(p) for p in prompts)
@@ -79,17 +59,17 @@ def positions(mask: np.ndarray) -> np.ndarray:
     return np.clip(np.cumsum(mask, axis=-1) - 1, 0, None)
 
 
-def prefill(step: StepFn, ids: np.ndarray, mask: np.ndarray, past, chunk: int | None = PREFILL_CHUNK):
-    """Run the left-padded prompt (B, L) through the model, `chunk` positions per run (None: one run),
-    -> (last-position logits (B, V), past holding all L positions)."""
+def prefill(state: DecodeState, ids: np.ndarray, mask: np.ndarray, chunk: int | None = PREFILL_CHUNK) -> np.ndarray:
+    """Run the left-padded prompt (B, L) into a fresh cache, `chunk` positions per run (None: one run)
+    -> last-position logits (B, V); the state then holds all L positions."""
     pos = positions(mask)
     length = ids.shape[1]
     chunk = chunk or length
     for start in range(0, length, chunk):
         end = min(length, start + chunk)
-        logits, past = step(np.ascontiguousarray(ids[:, start:end]), np.ascontiguousarray(mask[:, :end]),
-                            np.ascontiguousarray(pos[:, start:end]), past)
-    return logits, past
+        logits = state.run(np.ascontiguousarray(ids[:, start:end]), np.ascontiguousarray(mask[:, :end]),
+                           np.ascontiguousarray(pos[:, start:end]))
+    return logits
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, context_length: int) -> None:
@@ -106,8 +86,34 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, context
             )
 
 
+@dataclass
+class _Row:
+    """One sequence of a batch while it generates."""
+
+    result: Generation
+    stream: TextStream | None
+    rng: np.random.Generator
+    seen: list[int]  # prompt + generated ids: what a repetition penalty reads
+
+    def take(self, tok: int, eos_id: int | None, max_new_tokens: int, context_length: int) -> str:
+        """Record one new token -> the text it completes ("" when none); sets result.stop when done."""
+        r = self.result
+        r.ids.append(tok)
+        self.seen.append(tok)
+        piece = self.stream.push(tok) if self.stream is not None else ""
+        if eos_id is not None and tok == eos_id:
+            r.stop = STOP_EOS
+        elif self.stream is not None and self.stream.stopped:
+            r.stop = STOP_STRING
+        elif len(r.ids) >= max_new_tokens:
+            r.stop = STOP_MAX_NEW
+        elif len(r.prompt_ids) + len(r.ids) >= context_length:
+            r.stop = STOP_CONTEXT
+        return piece
+
+
 def run_generation(
-    step: StepFn, kv: KVSpec, prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: int,
+    variant: GraphVariant, prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: int,
     context_length: int, eos_id: int | None, pad_id: int, tokenizer=None, stop_strings: Sequence[str] = (),
     prefill_chunk: int | None = PREFILL_CHUNK,
 ) -> Generator[tuple[int, str], None, list[Generation]]:
@@ -115,53 +121,38 @@ def run_generation(
     check_prompts(prompts, max_new_tokens, context_length)
     B = len(prompts)
     ids, mask = left_pad(prompts, pad_id)
-    results = [Generation(prompt_ids=list(p)) for p in prompts]
-    streams = [TextStream(tokenizer, stop_strings) if tokenizer is not None else None for _ in prompts]
-    rngs = [np.random.default_rng(params.seed) for _ in prompts]
-    seen = [list(p) for p in prompts]
+    rows = [_Row(Generation(prompt_ids=list(p)), TextStream(tokenizer, stop_strings) if tokenizer is not None else None,
+                 np.random.default_rng(params.seed), list(p)) for p in prompts]
     start = time.perf_counter()
-    # kv_buffer graphs get buffers with room for every token of this generation
-    past = kv.for_generation(B, ids.shape[1] + max_new_tokens)
-    logits, past = prefill(step, ids, mask, past, prefill_chunk)  # (B, V)
+    state = variant.start(B, ids.shape[1] + max_new_tokens)  # room for every token of this generation
+    logits = prefill(state, ids, mask, variant.prefill_chunk(B, prefill_chunk))  # (B, V)
     first = None
     for _ in range(max_new_tokens):
         next_ids = np.full((B, 1), pad_id, dtype=np.int64)
-        for b, r in enumerate(results):
-            if r.stop:
+        for b, row in enumerate(rows):
+            if row.result.stop:
                 continue  # finished rows keep feeding padding; their outputs are ignored
-            tok = select_token(logits[b], params, rngs[b], seen[b])  # the id list is read only with a penalty
-            r.ids.append(tok)
-            seen[b].append(tok)
-            next_ids[b, 0] = tok
-            stream = streams[b]
-            if stream is not None:
-                piece = stream.push(tok)
-                if piece:
-                    yield b, piece
-            if eos_id is not None and tok == eos_id:
-                r.stop = STOP_EOS
-            elif stream is not None and stream.stopped:
-                r.stop = STOP_STRING
-            elif len(r.ids) >= max_new_tokens:
-                r.stop = STOP_MAX_NEW
-            elif len(r.prompt_ids) + len(r.ids) >= context_length:
-                r.stop = STOP_CONTEXT
+            next_ids[b, 0] = tok = select_token(logits[b], params, row.rng, row.seen)
+            piece = row.take(tok, eos_id, max_new_tokens, context_length)
+            if piece:
+                yield b, piece
         if first is None:
             first = time.perf_counter()
-        if all(r.stop for r in results):
+        if all(row.result.stop for row in rows):
             break
         mask = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1)  # (B, T + 1)
         pos = np.minimum(mask.sum(axis=1, keepdims=True) - 1, context_length - 1)  # finished rows stay in range
-        logits, past = step(next_ids, mask, pos, past)
+        logits = state.run(next_ids, mask, pos)
     end = time.perf_counter()
-    decoded = sum(len(r.ids) - 1 for r in results)
-    for b, r in enumerate(results):
-        if streams[b] is not None:
-            tail = streams[b].flush()
+    decoded = sum(len(row.result.ids) - 1 for row in rows)
+    for b, row in enumerate(rows):
+        r = row.result
+        if row.stream is not None:
+            tail = row.stream.flush()
             if tail:
                 yield b, tail
-            r.text = streams[b].text
+            r.text = row.stream.text
         r.time_to_first_token_s = first - start
         r.decode_s = end - first
         r.tokens_per_s = decoded / r.decode_s if r.decode_s > 0 else 0.0
-    return results
+    return [row.result for row in rows]

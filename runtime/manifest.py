@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,100 @@ class ModelShape:
     vocab_size: int
     context_length: int
 
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "head_dim", "vocab_size", "context_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ModelDirError(f"manifest shape.{name} should be a positive integer, got {value!r}")
+
     @property
     def n_embd(self) -> int:
         return self.n_head * self.head_dim
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a model directory came from."""
+
+    path: str | None = None  # the checkpoint directory it was exported from (resolved)
+    weights: str | None = None  # its weights file name
+    sha256: str | None = None  # of that file
+    hub_repo_id: str | None = None  # a Hugging Face Hub id it was resolved from
+    hub_revision: str | None = None
+    opset: int | None = None
+    gptedge_version: str | None = None
+    activation: str | None = None
+    layer_norm_epsilon: float | None = None
+    contrib_ops: tuple[str, ...] = ()  # ONNX Runtime contrib ops the graph uses
+    imported_from: str | None = None  # a dir another tool exported: the file its shape was read from
+    quantized_from: str | None = None  # the fp32 model dir a quantized one was made from
+    fp32_source: Source | None = None  # and that dir's own source
+
+    @property
+    def checkpoint(self) -> str | None:
+        """The HF checkpoint behind this dir (through the fp32 dir for a quantized one)."""
+        return self.path or (self.fp32_source.checkpoint if self.fp32_source else None)
+
+
+@dataclass(frozen=True)
+class GraphParity:
+    """Rung 3: the graph against the reference on prefill and decode steps of a left-padded batch."""
+
+    max_abs_diff: float
+    output: str  # where the largest difference was
+    step: str
+    index: tuple[int, ...]
+    top1_agreement: float
+    tolerance: float
+    batch: int
+    prompt_tokens: int
+    decode_steps: int
+
+
+@dataclass(frozen=True)
+class GreedyParity:
+    """Rung 4: greedy ids (and text) of the runtime against the reference's."""
+
+    prompts: int
+    tokens_compared: int
+    new_tokens_per_prompt: int
+    identical: bool
+
+
+@dataclass(frozen=True)
+class QuantizedParity:
+    """A quantized graph against its fp32 source on seeded ids."""
+
+    max_abs_logit_diff: float
+    top1_agreement: float
+    inputs: str
+
+
+@dataclass(frozen=True)
+class Parity:
+    graph_vs_reference: GraphParity | None = None
+    greedy_vs_reference: GreedyParity | None = None
+    vs_fp32: QuantizedParity | None = None
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """The recipe a quantized dir was made with, and what it did to each part of the model."""
+
+    method: str
+    per_channel: bool = True
+    block_size: int = 32
+    accuracy_level: int = 4
+    quantize_attention: bool = False
+    calibration_sequences: int = 32
+    calibration_length: int = 128
+    weights: str = ""  # how the weights are stored
+    activations: str = ""
+    embedding_and_lm_head: str = ""
+    attention_products: str = "float"
+    kept_float: str = ""
+    quantized_nodes: dict[str, int] = field(default_factory=dict)  # op type -> count
 
 
 @dataclass(frozen=True)
@@ -42,14 +135,14 @@ class Manifest:
     precision: str = "fp32"
     graph: str = GRAPH_STANDARD
     eos_id: int | None = None
-    bos_id: int | None = None
+    bos_id: int | None = None  # written to generation_config.json / genai_config.json
     pad_id: int | None = None
     model_file: str = MODEL_FILE
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
-    quantization: dict[str, Any] | None = None  # the recipe, None for float graphs
-    source: dict[str, Any] = field(default_factory=dict)  # path and sha256 of what it was made from
-    parity: dict[str, Any] = field(default_factory=dict)  # figures measured at export / quantize
+    quantization: Quantization | None = None  # None for float graphs
+    source: Source = field(default_factory=Source)
+    parity: Parity = field(default_factory=Parity)  # figures measured at export / quantize
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -63,26 +156,55 @@ class Manifest:
             object.__setattr__(self, "outputs", tuple(names.outputs))
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["inputs"], d["outputs"] = list(self.inputs), list(self.outputs)
-        return d
+        return json.loads(json.dumps(dataclasses.asdict(self)))  # tuples as lists, as written
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Manifest":
-        try:
-            version = d.get("format_version", None)
-            if version != FORMAT_VERSION:
-                raise ModelDirError(f"manifest format_version {version!r} is not supported (expected {FORMAT_VERSION})")
-            d = dict(d)
-            shape = ModelShape(**d.pop("shape"))
-            d["inputs"] = tuple(d.get("inputs", ()))
-            d["outputs"] = tuple(d.get("outputs", ()))
-            return cls(shape=shape, **d)
-        except TypeError as e:  # unknown or missing field
-            raise ModelDirError(f"manifest is malformed: {e}") from None
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        version = d.get("format_version", None) if isinstance(d, dict) else None
+        if version != FORMAT_VERSION:
+            raise ModelDirError(f"manifest format_version {version!r} is not supported (expected {FORMAT_VERSION})")
+        return typed(cls, d, "manifest")
 
-    def replace(self, **changes: Any) -> "Manifest":
+    def replace(self, **changes: Any) -> Manifest:
         return dataclasses.replace(self, **changes)
+
+
+def typed(cls: type, value: Any, where: str) -> Any:
+    """A JSON value -> an instance of the dataclass `cls`, checking every field's name and type.
+
+    Raises ModelDirError naming the field (`manifest.parity.vs_fp32.top1_agreement`, say)."""
+    if not isinstance(value, dict):
+        raise ModelDirError(f"{where} should be an object, got {type(value).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ModelDirError(f"{where} has an unknown field {unknown[0]!r}")
+    try:
+        return cls(**{k: _field(hints[k], v, f"{where}.{k}") for k, v in value.items()})
+    except TypeError as e:  # a required field missing
+        raise ModelDirError(f"{where} is malformed: {e}") from None
+
+
+def _field(hint: Any, value: Any, where: str) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        hint = args[0]
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return typed(hint, value, where)
+    if origin is tuple and isinstance(value, list):
+        return tuple(_field(typing.get_args(hint)[0], v, where) for v in value)
+    if origin is dict and isinstance(value, dict):
+        return {k: _field(typing.get_args(hint)[1], v, where) for k, v in value.items()}
+    base = origin or hint
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if base is float else (
+        isinstance(value, base) and not (base is int and isinstance(value, bool)))
+    if not ok:
+        raise ModelDirError(f"{where} should be {getattr(base, '__name__', base)}, got {value!r}")
+    return float(value) if base is float else value
 
 
 def read_manifest(model_dir: str | Path) -> Manifest:
@@ -95,7 +217,10 @@ def read_manifest(model_dir: str | Path) -> Manifest:
         raise ModelDirError(f"{path}: corrupt manifest ({e})") from None
     if not isinstance(data, dict) or "shape" not in data:
         raise ModelDirError(f"{path}: corrupt manifest (no 'shape')")
-    return Manifest.from_dict(data)
+    try:
+        return Manifest.from_dict(data)
+    except ModelDirError as e:
+        raise ModelDirError(f"{path}: {e}") from None
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

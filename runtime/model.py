@@ -1,155 +1,135 @@
-"""A loaded model directory: manifest + one InferenceSession + tokenizer, and the generation API."""
+"""A loaded model directory: manifest + one InferenceSession + its graph variant + tokenizer.
+
+Thread safety: a LoadedModel holds no per-call state. Every call makes its own cache (and, on
+kv_buffer graphs, its own IO binding), and ONNX Runtime lets several threads run one session at
+once, so concurrent generate/stream/forward calls run concurrently and each gets exactly what it
+would get alone; they share the session's intra-op thread pool. The tokenizer is loaded once,
+under a lock, on first use.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from . import contract as C
-from .errors import ModelDirError
-from .generation import PREFILL_CHUNK, Generation, KVSpec, run_generation
-from .kv_binding import FreshBuffers, KVBufferBinding
-from .manifest import MANIFEST_NAME, Manifest, ModelShape, read_manifest
+from .errors import InvalidArgumentError, ModelDirError
+from .generation import PREFILL_CHUNK, Generation, run_generation
+from .graph_check import check_graph, manifest_from_hf_dir
+from .graph_variant import GraphVariant, variant_for
+from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .sampling import SamplingParams
-from .session import import_onnxruntime, make_session
+from .session import SessionConfig, import_onnxruntime, make_session
 from .tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-_ORT_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+class GenerationStream:
+    """What `stream()` returns: iterate it for text pieces; `.result` is the Generation once done."""
+
+    def __init__(self, pieces) -> None:
+        self._pieces = pieces
+        self.result: Generation | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            try:
+                _, piece = next(self._pieces)
+            except StopIteration as done:
+                self.result = done.value[0]
+                return
+            yield piece
 
 
 class LoadedModel:
-    def __init__(self, model_dir: Path, manifest: Manifest, session, device: str, load_s: float):
+    def __init__(self, model_dir: Path, manifest: Manifest, session, variant: GraphVariant, device: str,
+                 load_s: float):
         self.model_dir = model_dir
         self.manifest = manifest
         self.session = session
+        self.variant = variant
         self.device = device
         self.load_s = load_s
         self._tokenizer = None
-        past_types = {i.name: i.type for i in session.get_inputs()}
-        self._logits_dtype = _ORT_FLOAT.get({o.name: o.type for o in session.get_outputs()}[C.LOGITS], np.float32)
-        self.kv_buffer = manifest.graph == C.GRAPH_KV_BUFFER
-        self.kv = KVSpec(manifest.shape.n_layer, manifest.shape.n_head, manifest.shape.head_dim,
-                         _ORT_FLOAT.get(past_types.get(C.past_key(0)), np.float32), buffer=self.kv_buffer)
-        self._output_names = list(manifest.outputs)
-        self._past_names = C.IONames(manifest.shape.n_layer).past_names
-        self._present_names = C.IONames(manifest.shape.n_layer).present_names
-        self._ort = import_onnxruntime()
-        overridable = {i.name for i in session.get_overridable_initializers()}
-        keep = np.array(1, dtype=np.int64)
-        self._keep_last = self._ort.OrtValue.ortvalue_from_numpy(keep) if C.LOGITS_TO_KEEP in overridable else None
-        self._kv_device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
-        self.prefill_chunk: int | None = PREFILL_CHUNK  # prompt positions per prefill run; None: the whole prompt
+        self._tokenizer_lock = threading.Lock()
 
-    # -- graph I/O ---------------------------------------------------------------------------------
     @property
     def providers(self) -> list[str]:
         return self.session.get_providers()
 
+    # -- every position (validation, eval, the quantizer's checks) ---------------------------------------
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-                past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One run of the graph -> (logits (B, S, V) float32, presents (B, nh, P + S, hs) as numpy)."""
-        if self.kv_buffer:
-            return self._forward_buffered(input_ids, attention_mask, position_ids, past)
-        feeds = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: attention_mask, C.POSITION_IDS: position_ids}
-        feeds.update(zip(self._past_names, past))
-        logits, *presents = self.session.run(self._output_names, feeds)
-        return logits.astype(np.float32, copy=False), presents
+                past: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One run -> (logits (B, S, V) float32, presents (B, nh, P + S, hs) as numpy)."""
+        return self.variant.forward(input_ids, attention_mask, position_ids, past)
 
-    def _forward_buffered(self, input_ids, attention_mask, position_ids, past):
-        """forward() for kv_buffer graphs (validation, eval): grow the given past into buffers that hold
-        the total, run in place, return copies cut to the total."""
-        total = attention_mask.shape[1]
-        buffers = []
-        for p in past:
-            p = np.asarray(p.numpy() if hasattr(p, "numpy") else p)
-            if p.shape[2] < total:
-                grown = np.zeros(p.shape[:2] + (total,) + p.shape[3:], p.dtype)
-                grown[:, :, :p.shape[2]] = p
-                p = grown
-            buffers.append(p)
-        # Each buffer bound as its own past and present: GroupQueryAttention writes the new positions in
-        # place. The buffers are ONNX Runtime's own (one over numpy memory would die with the array).
-        binding = self.session.io_binding()
-        names = (C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS, C.LOGITS_TO_KEEP)  # keep 0: every position
-        inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids, 0)]
-        for name, array in zip(names, inputs):  # read in place by the run: `inputs` keeps them alive
-            binding.bind_cpu_input(name, array)
-        binding.bind_output(C.LOGITS, "cpu")
-        owned = []
-        for in_name, out_name, kv in zip(self._past_names, self._present_names, buffers):
-            value = self._ort.OrtValue.ortvalue_from_shape_and_type(kv.shape, kv.dtype, self._kv_device, 0)
-            value.update_inplace(kv)
-            binding.bind_ortvalue_input(in_name, value)
-            binding.bind_ortvalue_output(out_name, value)
-            owned.append(value)
-        self.session.run_with_iobinding(binding)
-        logits = binding.get_outputs()[0].numpy().astype(np.float32, copy=False)
-        return logits, [b.numpy()[:, :, :total] for b in owned]
-
-    def _step(self, input_ids, attention_mask, position_ids, past):
-        """One generation step -> (last-position logits (B, V), the past for the next step).
-
-        Presents are never copied into numpy: they are fed back as the next step's past as they
-        are. Graphs with logits_to_keep run the LM head on the last position only. On kv_buffer
-        graphs the past is a KVBufferBinding made at the first step (from FreshBuffers) and reused."""
-        if self.kv_buffer:
-            if isinstance(past, FreshBuffers):
-                shape = self.manifest.shape
-                past = KVBufferBinding(self.session, self._ort, shape.n_layer,
-                                       (past.batch, shape.n_head, past.max_length, shape.head_dim), self.kv.dtype,
-                                       (past.batch, 1, shape.vocab_size), self._logits_dtype, self._kv_device)
-            return past.step(input_ids, attention_mask, position_ids), past
-        value = self._ort.OrtValue.ortvalue_from_numpy
-        feeds = {C.INPUT_IDS: value(input_ids), C.ATTENTION_MASK: value(attention_mask),
-                 C.POSITION_IDS: value(position_ids)}
-        if self._keep_last is not None:
-            feeds[C.LOGITS_TO_KEEP] = self._keep_last
-        for name, kv in zip(self._past_names, past):
-            feeds[name] = value(kv) if isinstance(kv, np.ndarray) else kv
-        logits, *presents = self.session.run_with_ort_values(self._output_names, feeds)
-        return logits.numpy()[:, -1, :].astype(np.float32, copy=False), presents  # (B, V)
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        return self.variant.empty_past(batch)
 
     # -- text ----------------------------------------------------------------------------------------
     @property
     def tokenizer(self):
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.model_dir)
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer = load_tokenizer(self.model_dir)
         return self._tokenizer
 
     def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, got {type(text).__name__}")
         return encode(self.tokenizer, text)
 
     def decode(self, ids: Sequence[int]) -> str:
         return decode(self.tokenizer, list(ids))
 
     # -- generation ----------------------------------------------------------------------------------
-    def _generation(self, prompts, max_new_tokens, stop, with_text, ignore_eos=False, **sampling):
+    def _prompt_ids(self, prompt) -> list[int]:
+        """A prompt as text or ids -> ids, every one inside the vocabulary."""
+        if isinstance(prompt, str):
+            return self.encode(prompt)
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (Sequence, np.ndarray)):
+            raise TypeError(f"a prompt is a str or a sequence of token ids, got {type(prompt).__name__}")
+        ids = [int(i) if isinstance(i, (int, np.integer)) and not isinstance(i, bool) else None for i in prompt]
+        if None in ids:
+            bad = prompt[ids.index(None)]
+            raise TypeError(f"token ids are integers, got {type(bad).__name__} {bad!r}")
+        vocab = self.manifest.shape.vocab_size
+        wrong = next((i for i in ids if not 0 <= i < vocab), None)
+        if wrong is not None:
+            raise InvalidArgumentError(f"token id {wrong} is outside the vocabulary (0..{vocab - 1})")
+        return ids
+
+    def _generation(self, prompts, max_new_tokens, stop, with_text, ignore_eos, prefill_chunk, sampling):
+        if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+            raise TypeError("stop is a list of strings (stop=['\\n'], not stop='\\n')")
+        if prefill_chunk is not None and not (isinstance(prefill_chunk, int) and prefill_chunk >= 1):
+            raise InvalidArgumentError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
         params = SamplingParams(**sampling)
-        ids = [self.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        pad = self.manifest.pad_id if self.manifest.pad_id is not None else (self.manifest.eos_id or 0)
-        eos = None if ignore_eos else self.manifest.eos_id
-        # GroupQueryAttention on CPU takes a multi-position run over a non-empty past for batch 1 only
-        chunk = None if self.kv_buffer and len(ids) > 1 else self.prefill_chunk
-        return run_generation(self._step, self.kv, ids, params, max_new_tokens, self.manifest.shape.context_length,
-                              eos, pad, self.tokenizer if with_text else None, stop, chunk)
+        ids = [self._prompt_ids(p) for p in prompts]
+        m = self.manifest
+        pad = m.pad_id if m.pad_id is not None else (m.eos_id or 0)
+        eos = None if ignore_eos else m.eos_id
+        return run_generation(self.variant, ids, params, max_new_tokens, m.shape.context_length, eos, pad,
+                              self.tokenizer if with_text else None, tuple(stop), prefill_chunk)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64,
                        stop: Sequence[str] = (), ignore_eos: bool = False, with_text: bool | None = None,
-                       **sampling) -> list[Generation]:
+                       prefill_chunk: int | None = PREFILL_CHUNK, **sampling) -> list[Generation]:
         """Prompts as text or ids, left-padded into one batch -> one Generation per prompt.
 
         ignore_eos: keep going past the end-of-text token (benchmarks); with_text: decode as we go
-        (default: when the model dir has a tokenizer)."""
+        (default: when the model dir has a tokenizer); prefill_chunk: prompt positions per prefill run
+        (None: the whole prompt in one run); sampling: SamplingParams' fields (top_k, seed, ...)."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+            raise TypeError(f"generate_batch() takes a list of prompts, got {type(prompts).__name__}")
         if with_text is None:
             with_text = any(isinstance(p, str) for p in prompts) or (self.model_dir / TOKENIZER_FILE).is_file()
-        gen = self._generation(prompts, max_new_tokens, stop, with_text, ignore_eos, **sampling)
+        gen = self._generation(prompts, max_new_tokens, stop, with_text, ignore_eos, prefill_chunk, sampling)
         while True:
             try:
                 next(gen)
@@ -157,76 +137,34 @@ class LoadedModel:
                 return done.value
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, stop: Sequence[str] = (),
-                 **sampling) -> Generation:
-        return self.generate_batch([prompt], max_new_tokens, stop, **sampling)[0]
+                 **options) -> Generation:
+        return self.generate_batch([prompt], max_new_tokens, stop, **options)[0]
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64, stop: Sequence[str] = (),
-               **sampling) -> Iterator[str]:
-        """Yields text pieces as they complete; the Generation is left in `self.last_generation`."""
-        gen = self._generation([prompt], max_new_tokens, stop, True, **sampling)
-        while True:
-            try:
-                _, piece = next(gen)
-            except StopIteration as done:
-                self.last_generation = done.value[0]
-                return
-            yield piece
+               prefill_chunk: int | None = PREFILL_CHUNK, **sampling) -> GenerationStream:
+        """-> a handle: iterate it for text pieces as they complete; its `.result` is the Generation."""
+        return GenerationStream(self._generation([prompt], max_new_tokens, stop, True, False, prefill_chunk,
+                                                 sampling))
 
 
-def load(model_dir: str | Path, device: str = "auto", threads: int | None = None) -> LoadedModel:
+def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | None = None) -> LoadedModel:
+    """Load a model directory on a device ("cpu", "cuda" or "auto") -> LoadedModel."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelDirError(f"{model_dir}: no such model directory")
     started = time.perf_counter()
-    if (model_dir / MANIFEST_NAME).is_file():
-        manifest = read_manifest(model_dir)
-    else:
-        manifest = manifest_from_hf_dir(model_dir)
+    manifest = read_manifest(model_dir) if (model_dir / MANIFEST_NAME).exists() else manifest_from_hf_dir(model_dir)
     model_path = model_dir / manifest.model_file
     if not model_path.is_file():
         raise ModelDirError(f"{model_dir}: no {manifest.model_file}")
     try:
-        session = make_session(str(model_path), device=device, threads=threads)
+        ort_session = make_session(str(model_path), device=device, config=session or SessionConfig())
     except Exception as e:
         if type(e).__module__.startswith("gptedge"):
             raise
         raise ModelDirError(f"{model_path}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:200]})") from None
-    check_graph_io(session, manifest, model_path)
-    loaded = LoadedModel(model_dir, manifest, session, device, time.perf_counter() - started)
+    variant = variant_for(ort_session, import_onnxruntime(), manifest, device)
+    check_graph(variant, manifest, model_path)
+    loaded = LoadedModel(model_dir, manifest, ort_session, variant, device, time.perf_counter() - started)
     log.info("loaded %s (%s, %s graph) in %.2fs", model_dir, manifest.precision, manifest.graph, loaded.load_s)
     return loaded
-
-
-def check_graph_io(session, manifest: Manifest, model_path: Path) -> None:
-    """The manifest and the graph must agree on every input and output name."""
-    graph_in = [i.name for i in session.get_inputs()]
-    graph_out = [o.name for o in session.get_outputs()]
-    for kind, declared, actual in (("input", manifest.inputs, graph_in), ("output", manifest.outputs, graph_out)):
-        missing = [n for n in declared if n not in actual]
-        extra = [n for n in actual if n not in declared]
-        if missing or extra:
-            what = f"lacks {kind} {missing[0]!r}" if missing else f"has unexpected {kind} {extra[0]!r}"
-            raise ModelDirError(f"{model_path}: graph does not match {MANIFEST_NAME}: it {what}")
-
-
-def manifest_from_hf_dir(model_dir: Path) -> Manifest:
-    """A directory exported by another tool (Optimum): config.json + model.onnx, no gptedge.json."""
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise ModelDirError(f"{model_dir}: no {MANIFEST_NAME} and no config.json (not a model directory)")
-    try:
-        cfg = json.loads(config_path.read_text(encoding="utf-8"))
-        model_type = cfg["model_type"]
-        n_layer, n_head, n_embd = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
-        shape = ModelShape(arch=model_type, n_layer=n_layer, n_head=n_head, head_dim=n_embd // n_head,
-                           vocab_size=cfg["vocab_size"], context_length=cfg["n_positions"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ModelDirError(f"{config_path}: cannot read the model's shape ({type(e).__name__}: {e})") from None
-    gen_cfg = {}
-    if (model_dir / "generation_config.json").is_file():
-        gen_cfg = json.loads((model_dir / "generation_config.json").read_text(encoding="utf-8"))
-    eos = gen_cfg.get("eos_token_id", cfg.get("eos_token_id"))
-    log.info("%s has no %s: shape read from config.json", model_dir, MANIFEST_NAME)
-    return Manifest(shape=shape, eos_id=eos if isinstance(eos, int) else None,
-                    bos_id=cfg.get("bos_token_id"), pad_id=gen_cfg.get("pad_token_id"),
-                    source={"imported_from": "config.json"})

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DeviceError, MissingRuntimeError
+from .errors import DeviceError, InvalidArgumentError, MissingRuntimeError
 
 log = logging.getLogger(__name__)
 
 DEVICES = ("cpu", "cuda", "auto")
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
+# More threads than logical CPUs only slows ONNX Runtime down (1,000 took 10-70 s to load): refused.
+MAX_THREADS = os.cpu_count() or 1
+OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                       "all": "ORT_ENABLE_ALL"}
 
 
 def import_onnxruntime() -> Any:
@@ -43,18 +50,42 @@ def providers_for(device: str, available: list[str] | None = None) -> list[str]:
     return [CPU_PROVIDER]
 
 
-def make_session(model_path: str, device: str = "auto", threads: int | None = None,
-                 optimized_model_path: str | None = None) -> Any:
-    """An InferenceSession on `device`; `threads` sets intra-op threads (None: ONNX Runtime's default)."""
+@dataclass(frozen=True)
+class SessionConfig:
+    """How the one InferenceSession of a loaded model is made; None leaves ONNX Runtime's default."""
+
+    threads: int | None = None  # intra-op threads (ORT's default: one per physical core)
+    inter_op_threads: int | None = None  # only used when execution_mode is parallel
+    optimization_level: str = "all"  # disable | basic | extended | all
+    provider_options: Mapping[str, Any] = field(default_factory=dict)  # for the first provider (CUDA's, say)
+    profile_prefix: str | None = None  # turn ONNX Runtime's per-op profiler on, writing PREFIX_*.json
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "inter_op_threads"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 1 <= value <= MAX_THREADS):
+                raise InvalidArgumentError(f"{name} must be an integer in 1..{MAX_THREADS}, got {value!r}")
+        if self.optimization_level not in OPTIMIZATION_LEVELS:
+            raise InvalidArgumentError(f"optimization_level must be one of {', '.join(OPTIMIZATION_LEVELS)}, "
+                                       f"got {self.optimization_level!r}")
+
+
+def make_session(model_path: str, device: str = "auto", config: SessionConfig = SessionConfig()) -> Any:
+    """An InferenceSession on `device`, made as `config` says."""
     ort = import_onnxruntime()
     providers = providers_for(device)
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[config.optimization_level])
     options.log_severity_level = 3  # our own logging says what matters; ORT's warnings are noise to users
-    if threads:
-        options.intra_op_num_threads = threads
-    if optimized_model_path:
-        options.optimized_model_filepath = optimized_model_path
-    session = ort.InferenceSession(model_path, sess_options=options, providers=providers)
+    if config.threads:
+        options.intra_op_num_threads = config.threads
+    if config.inter_op_threads:
+        options.inter_op_num_threads = config.inter_op_threads
+    if config.profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = config.profile_prefix
+    provider_options = [dict(config.provider_options)] + [{} for _ in providers[1:]]
+    session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
+                                   provider_options=provider_options)
     log.info("session on %s (providers used: %s)", device, ", ".join(session.get_providers()))
     return session

@@ -104,15 +104,39 @@ def test_missing_graph(runner, gpt2_model_dir, tmp_path):
     assert "no model.onnx" in one_line_error(runner.invoke(main, ["info", str(bad)]))
 
 
-def test_manifest_graph_mismatch(runner, gpt2_model_dir, tmp_path):
+@pytest.mark.parametrize("field, value, says", [
+    ("n_layer", 3, "says n_layer 3, the graph has 2 layers"),
+    ("n_head", 2, "says n_head 2, the graph has 4"),
+    ("head_dim", 16, "says head_dim 16, the graph has 8"),
+    ("vocab_size", 50000, "says vocab_size 50000, the graph has 50257"),
+    ("context_length", 1024, "does not run at position 1023 (gptedge.json says context_length 1024)"),
+])
+def test_manifest_graph_mismatch(runner, gpt2_model_dir, tmp_path, field, value, says):
     bad = tmp_path / "m"
     shutil.copytree(gpt2_model_dir, bad)
     manifest = json.loads((bad / "gptedge.json").read_text())
-    manifest["shape"]["n_layer"] = 3
-    manifest["inputs"] = manifest["outputs"] = []
+    manifest["shape"][field] = value
+    if field == "n_layer":
+        manifest["inputs"] = manifest["outputs"] = []
+    (bad / "gptedge.json").write_text(json.dumps(manifest))
+    assert says in one_line_error(runner.invoke(main, ["info", str(bad)]))
+
+
+def test_names_in_manifest_must_match_graph(runner, gpt2_model_dir, tmp_path):
+    bad = tmp_path / "m"
+    shutil.copytree(gpt2_model_dir, bad)
+    manifest = json.loads((bad / "gptedge.json").read_text())
+    manifest["inputs"] = manifest["inputs"] + ["past_key_values.2.key"]
     (bad / "gptedge.json").write_text(json.dumps(manifest))
     line = one_line_error(runner.invoke(main, ["info", str(bad)]))
     assert "graph does not match gptedge.json" in line and "past_key_values.2.key" in line
+
+
+def test_missing_manifest_of_a_gptedge_dir(runner, gpt2_model_dir, tmp_path):
+    bad = tmp_path / "m"
+    shutil.copytree(gpt2_model_dir, bad)
+    (bad / "gptedge.json").unlink()
+    assert "no gptedge.json, yet gptedge wrote this graph" in one_line_error(runner.invoke(main, ["info", str(bad)]))
 
 
 def test_missing_tokenizer(runner, gpt2_model_dir, tmp_path):

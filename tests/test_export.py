@@ -83,7 +83,7 @@ def test_tied_embedding_stored_once(gpt2_model_dir):
 def test_one_graph_serves_prefill_and_decode_in_batch(gpt2_loaded):
     ids = np.array([[5, 6, 7]], dtype=np.int64)
     mask = np.ones((1, 3), dtype=np.int64)
-    logits, presents = gpt2_loaded.forward(ids, mask, np.arange(3)[None], gpt2_loaded.kv.empty(1))
+    logits, presents = gpt2_loaded.forward(ids, mask, np.arange(3)[None], gpt2_loaded.empty_past(1))
     assert logits.shape == (1, 3, 50257) and presents[0].shape == (1, 4, 3, 8)
     mask = np.ones((1, 4), dtype=np.int64)
     logits, presents = gpt2_loaded.forward(np.array([[8]]), mask, np.array([[3]]), presents)
@@ -121,7 +121,7 @@ def test_failed_validation_leaves_nothing(tmp_path, monkeypatch):
 def test_large_models_use_external_data(tmp_path, monkeypatch):
     import gptedge.onnx_files as onnx_files
 
-    monkeypatch.setattr(onnx_files.save_onnx, "__defaults__", (1000,))
+    monkeypatch.setattr(onnx_files, "EXTERNAL_DATA_THRESHOLD", 1000)
     export_model(tiny_reference("gpt2", seed=15), tmp_path / "m")  # validates through the external-data file
     data, graph = (tmp_path / "m" / "model.onnx.data").stat(), (tmp_path / "m" / "model.onnx").stat()
     assert data.st_size > graph.st_size
@@ -133,17 +133,17 @@ def test_kv_buffer_graph_is_updated_in_place(tmp_path):
     ref = tiny_reference("gpt2", seed=16)
     export_model(ref, tmp_path / "m", validate=False, graph_variant="kv_buffer")
     loaded = load(tmp_path / "m", device="cpu")
-    assert loaded.kv_buffer and C.LOGITS_TO_KEEP in loaded.manifest.inputs
+    assert loaded.variant.name == "kv_buffer" and C.LOGITS_TO_KEEP in loaded.manifest.inputs
     ids = np.array([[3, 4, 5]], dtype=np.int64)
-    past = loaded.kv.for_generation(1, 8)
-    logits, past = loaded._step(ids, np.ones((1, 3), np.int64), np.arange(3)[None], past)
-    first = past.buffers[0]
+    state = loaded.variant.start(1, 8)
+    state.run(ids, np.ones((1, 3), np.int64), np.arange(3)[None])
+    first = state.buffers[0]
     assert first.shape() == [1, 4, 8, 8]
     where = first.data_ptr()
-    logits, past = loaded._step(np.array([[6]]), np.ones((1, 4), np.int64), np.array([[3]]), past)
-    assert past.buffers[0].data_ptr() == where  # the same memory: nothing was reallocated or copied
+    state.run(np.array([[6]]), np.ones((1, 4), np.int64), np.array([[3]]))
+    assert state.buffers[0].data_ptr() == where  # the same memory: nothing was reallocated or copied
     _, presents = loaded.forward(np.array([[3, 4, 5, 6]]), np.ones((1, 4), np.int64), np.arange(4)[None],
-                                 loaded.kv.empty(1))
+                                 loaded.empty_past(1))
     assert np.abs(first.numpy()[:, :, :4] - presents[0]).max() < 1e-5
 
 

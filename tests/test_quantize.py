@@ -124,9 +124,9 @@ def test_quantized_attention_option(tmp_path):
     assert plain["MultiHeadAttention"] == 0 and plain["MatMul"] == 4 * 2 + 2 * 2
     m = quantize_model_dir(tmp_path / "plain", tmp_path / "qa", QuantizeRecipe("dynamic", quantize_attention=True))
     ops = Counter(n.op_type for n in graph(tmp_path / "qa").graph.node)
-    assert ops["MatMulInteger"] == 4 and m.quantization["attention_products"] == "int8"
+    assert ops["MatMulInteger"] == 4 and m.quantization.attention_products == "int8"
     float_attention = quantize_model_dir(tmp_path / "plain", tmp_path / "qf", QuantizeRecipe("dynamic"))
-    assert float_attention.quantization["attention_products"] == "float"
+    assert float_attention.quantization.attention_products == "float"
 
 
 def test_quantized_attention_refused_on_fused_attention(gpt2_model_dir, gpt2_kv_buffer_loaded, tmp_path):

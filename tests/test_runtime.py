@@ -57,16 +57,19 @@ def test_bad_generation_arguments(gpt2_loaded):
 def test_stop_string_ends_text_and_is_never_streamed(gpt2_loaded):
     full = gpt2_loaded.generate("Hello world", max_new_tokens=20, greedy=True)
     stop = full.text[5:9]  # something the model will produce
-    pieces = list(gpt2_loaded.stream("Hello world", max_new_tokens=20, greedy=True, stop=[stop]))
-    out = gpt2_loaded.last_generation
+    stream = gpt2_loaded.stream("Hello world", max_new_tokens=20, greedy=True, stop=[stop])
+    pieces = list(stream)
+    out = stream.result
     assert out.stop == "stop_string"
     assert "".join(pieces) == out.text == full.text[: full.text.find(stop)]
     assert stop not in "".join(pieces)
 
 
 def test_stream_concatenation_equals_text(gpt2_loaded):
-    pieces = list(gpt2_loaded.stream("It is a truth", max_new_tokens=30, top_k=50, seed=1))
-    assert "".join(pieces) == gpt2_loaded.last_generation.text
+    stream = gpt2_loaded.stream("It is a truth", max_new_tokens=30, top_k=50, seed=1)
+    assert stream.result is None  # nothing runs until it is iterated
+    pieces = list(stream)
+    assert "".join(pieces) == stream.result.text
     assert len(pieces) > 5
 
 
@@ -121,19 +124,15 @@ def test_chunked_prefill_equals_one_run(gpt2_loaded, gpt2_kv_buffer_loaded, grap
     # GroupQueryAttention (kv_buffer) chunks batch 1 only; the standard graph a left-padded batch
     prompts = [list(range(1000, 1017))] + ([list(range(2000, 2005)), [7]] if graph == "standard" else [])
     ids, mask = left_pad(prompts, pad_id=0)
-    whole, _ = prefill(model._step, ids, mask, model.kv.for_generation(len(prompts), 20), chunk=None)
+    whole = prefill(model.variant.start(len(prompts), 20), ids, mask, chunk=None)
     whole = whole.copy()  # kv_buffer logits are a view the next step overwrites
     for chunk in (1, 4, 16):
-        chunked, _ = prefill(model._step, ids, mask, model.kv.for_generation(len(prompts), 20), chunk=chunk)
+        chunked = prefill(model.variant.start(len(prompts), 20), ids, mask, chunk=chunk)
         assert np.abs(chunked - whole).max() < 1e-4, chunk
     two = prompts[:1] + [list(range(2000, 2005))]  # a kv_buffer batch falls back to one run
-    try:
-        model.prefill_chunk = 4
-        chunked = [g.ids for g in model.generate_batch(prompts, max_new_tokens=8, greedy=True, ignore_eos=True)]
-        chunked_two = [g.ids for g in model.generate_batch(two, max_new_tokens=8, greedy=True, ignore_eos=True)]
-        model.prefill_chunk = None
-        single = [g.ids for g in model.generate_batch(prompts, max_new_tokens=8, greedy=True, ignore_eos=True)]
-        single_two = [g.ids for g in model.generate_batch(two, max_new_tokens=8, greedy=True, ignore_eos=True)]
-    finally:
-        model.prefill_chunk = 256
-    assert chunked == single and chunked_two == single_two
+
+    def ids_of(batch, chunk):
+        return [g.ids for g in model.generate_batch(batch, max_new_tokens=8, greedy=True, ignore_eos=True,
+                                                    prefill_chunk=chunk)]
+
+    assert ids_of(prompts, 4) == ids_of(prompts, None) and ids_of(two, 4) == ids_of(two, None)

@@ -1,0 +1,95 @@
+"""A graph variant is one runtime object, chosen once at load from the manifest's `graph` (DESIGN §11).
+
+Each variant owns how its graph is fed: the KV cache of a generation (a DecodeState), how many
+prompt positions one prefill run may take, a forward pass over every position (validation, eval,
+the quantizer's checks) and the feeds the static quantizer's calibrator needs. Generation, eval,
+the quantizer and the server call these and never ask which variant they have.
+
+Adding a variant (fp16 / CUDA, say): subclass GraphVariant in its own module, give it a `name`
+(the manifest's `graph` value, declared in contract.py) and list it in `VARIANTS` below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from . import contract as C
+from .errors import ModelDirError
+from .manifest import Manifest, ModelShape
+
+_ORT_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+class DecodeState(Protocol):
+    """The cache of one generation (or one server slot batch): fed step after step, never shared."""
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """input_ids (B, S), attention_mask (B, P + S), position_ids (B, S) int64 -> last-position logits
+        (B, V) float32. The returned array may be a view the next run overwrites."""
+
+
+class GraphVariant:
+    """What every variant provides; built by `variant_for` around one InferenceSession."""
+
+    name: ClassVar[str]
+
+    def __init__(self, session: Any, ort: Any, manifest: Manifest, device: str):
+        self.session, self.ort, self.manifest = session, ort, manifest
+        self.shape: ModelShape = manifest.shape
+        self.names = C.IONames(manifest.shape.n_layer)
+        self.output_names = list(manifest.outputs)
+        inputs = {i.name: i.type for i in session.get_inputs()}
+        outputs = {o.name: o.type for o in session.get_outputs()}
+        self.kv_dtype = _ORT_FLOAT.get(inputs.get(C.past_key(0)), np.float32)
+        self.logits_dtype = _ORT_FLOAT.get(outputs.get(C.LOGITS), np.float32)
+        # where caches live: the first provider's device (CUDA keeps them on the GPU)
+        self.kv_device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+        self.device = device
+
+    # -- generation ---------------------------------------------------------------------------------
+    def start(self, batch: int, max_length: int) -> DecodeState:
+        """A fresh cache for `batch` rows that will hold at most `max_length` positions."""
+        raise NotImplementedError
+
+    def prefill_chunk(self, batch: int, requested: int | None) -> int | None:
+        """Prompt positions per prefill run for a batch, given what the caller asked (None: one run)."""
+        return requested
+
+    # -- every position -----------------------------------------------------------------------------
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        """A zero-length past (B, nh, 0, hs) per key and value, for forward()."""
+        shape = (batch, self.shape.n_head, 0, self.shape.head_dim)
+        return [np.zeros(shape, self.kv_dtype) for _ in range(2 * self.shape.n_layer)]
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+                past: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One run -> (logits (B, S, V) float32 for every position, presents (B, nh, P + S, hs) as numpy)."""
+        raise NotImplementedError
+
+    # -- calibration (static quantization) ----------------------------------------------------------
+    @classmethod
+    def calibration_feeds(cls, input_ids: np.ndarray, shape: ModelShape) -> dict[str, np.ndarray]:
+        """Feeds for a prefill of input_ids (1, L) over an empty cache, as plain numpy (ORT's calibrator)."""
+        raise NotImplementedError
+
+
+def _variants() -> dict[str, type[GraphVariant]]:
+    from .kv_buffer_graph import KVBufferGraph
+    from .standard_graph import StandardGraph
+
+    return {cls.name: cls for cls in (StandardGraph, KVBufferGraph)}
+
+
+def variant_class(graph: str) -> type[GraphVariant]:
+    """The class for a manifest's `graph` value; one line when it is unknown."""
+    variants = _variants()
+    if graph not in variants:
+        raise ModelDirError(f"manifest graph {graph!r} is not one of {', '.join(variants)}")
+    return variants[graph]
+
+
+def variant_for(session: Any, ort: Any, manifest: Manifest, device: str) -> GraphVariant:
+    return variant_class(manifest.graph)(session, ort, manifest, device)
