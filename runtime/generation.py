@@ -87,8 +87,8 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, context
 
 
 @dataclass
-class _Row:
-    """One sequence of a batch while it generates."""
+class SequenceState:
+    """One sequence while it generates (a row of generate_batch, or a request in the server's engine)."""
 
     result: Generation
     stream: TextStream | None
@@ -121,8 +121,8 @@ def run_generation(
     check_prompts(prompts, max_new_tokens, context_length)
     B = len(prompts)
     ids, mask = left_pad(prompts, pad_id)
-    rows = [_Row(Generation(prompt_ids=list(p)), TextStream(tokenizer, stop_strings) if tokenizer is not None else None,
-                 np.random.default_rng(params.seed), list(p)) for p in prompts]
+    rows = [SequenceState(Generation(prompt_ids=list(p)), TextStream(tokenizer, stop_strings) if tokenizer else None,
+                          np.random.default_rng(params.seed), list(p)) for p in prompts]
     start = time.perf_counter()
     state = variant.start(B, ids.shape[1] + max_new_tokens)  # room for every token of this generation
     logits = prefill(state, ids, mask, variant.prefill_chunk(B, prefill_chunk))  # (B, V)

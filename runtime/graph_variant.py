@@ -58,6 +58,12 @@ class GraphVariant:
         """Prompt positions per prefill run for a batch, given what the caller asked (None: one run)."""
         return requested
 
+    def sequence_pool(self, capacity: int, max_length: int):
+        """The caches of a continuous batch of up to `capacity` sequences (the server's engine)."""
+        from .sequence_pool import SequentialPool
+
+        return SequentialPool(self, capacity, max_length)
+
     # -- every position -----------------------------------------------------------------------------
     def empty_past(self, batch: int) -> list[np.ndarray]:
         """A zero-length past (B, nh, 0, hs) per key and value, for forward()."""

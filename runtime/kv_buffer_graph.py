@@ -58,6 +58,13 @@ class KVBufferGraph(GraphVariant):
         # batch > 1 ("batch_size must be 1 when sequence_length > 1 and past context is given").
         return requested if batch == 1 else None
 
+    def sequence_pool(self, capacity: int, max_length: int):
+        if self.kv_device != "cpu":  # SlotPool's rows are host memory: elsewhere each sequence keeps its own
+            return super().sequence_pool(capacity, max_length)
+        from .kv_buffer_pool import SlotPool
+
+        return SlotPool(self, capacity, max_length)
+
     def forward(self, input_ids, attention_mask, position_ids, past: Sequence[np.ndarray]):
         """Off the generation path (validation, eval): grow the given past into buffers that hold the
         total, run in place, return copies cut to the total."""

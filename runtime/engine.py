@@ -1,0 +1,270 @@
+"""The serving engine: one thread owns the model's session and runs continuous batching (DESIGN §10).
+
+Requests queue up (at most `max_queue` waiting); a newcomer is prefilled on its own, one chunk
+per loop turn, and joins the running batch at a step boundary; a sequence leaves the batch when
+it ends or is cancelled, and its room is reused. Each step decodes every joined sequence at once
+through the graph variant's sequence pool. Token selection, stop handling and text streaming are
+generate()'s own (`generation.SequenceState`), so a request gets the tokens `generate` gives for
+the same prompt and settings whatever else is in the batch (fp32; INT8 within its batch
+invariance). Events reach the caller through its callback, on the engine thread: keep it short
+(the HTTP layer hands them to its event loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import GptEdgeError, InvalidArgumentError
+from .evaluate import log_softmax
+from .generation import (PREFILL_CHUNK, STOP_CONTEXT, STOP_MAX_NEW, Generation, SequenceState, check_prompts)
+from .metrics import EngineMetrics
+from .sampling import SamplingParams, select_token
+from .text_stream import TextStream
+
+log = logging.getLogger(__name__)
+
+FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR = "stop", "length", "cancelled", "error"
+
+
+class QueueFullError(GptEdgeError):
+    """The engine's waiting queue is full: try again later."""
+
+
+class EngineStoppedError(GptEdgeError):
+    """The engine is shutting down and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    logprobs: int = 0  # top-N alternatives reported per token (0: none; the chosen token's logprob always)
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str  # text this token completed ("" while a character or a possible stop string is held back)
+    token_id: int | None = None
+    logprob: float | None = None  # of the chosen token under the model's distribution (before sampling filters)
+    top_logprobs: dict[int, float] | None = None
+    finish_reason: str | None = None  # on the last event: stop | length | cancelled | error
+    generation: Generation | None = None  # on the last event
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class _Active:
+    request: CompletionRequest
+    on_event: Callable[[TokenEvent], None]
+    state: SequenceState
+    submitted: float
+    seq: int
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    pending: int = -1  # the sampled token the next step feeds
+    last_token_at: float = 0.0
+
+
+class RequestHandle:
+    def __init__(self, active: _Active):
+        self._active = active
+
+    @property
+    def id(self) -> int:
+        return self._active.seq
+
+    def cancel(self) -> None:
+        """Stop this request at the next step boundary (its room is freed there)."""
+        self._active.cancelled.set()
+
+
+class Engine:
+    def __init__(self, model, max_batch: int = 8, max_queue: int = 64, prefill_chunk: int | None = PREFILL_CHUNK):
+        if max_batch < 1 or max_queue < 0:
+            raise InvalidArgumentError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch}, {max_queue}")
+        self.model, self.max_batch, self.max_queue, self.prefill_chunk = model, max_batch, max_queue, prefill_chunk
+        shape = model.manifest.shape
+        self.pool = model.variant.sequence_pool(max_batch, shape.context_length)
+        self.metrics = EngineMetrics()
+        self._tokenizer = model.tokenizer if (model.model_dir / "tokenizer.json").is_file() else None
+        self._cond = threading.Condition()
+        self._waiting: deque[_Active] = deque()
+        self._running: list[_Active] = []
+        self._prefilling: tuple[_Active, object] | None = None
+        self._ids = itertools.count(1)
+        self._accepting = True
+        self._deadline: float | None = None  # set by stop(): cancel whatever still runs then
+        self._thread = threading.Thread(target=self._loop, name="gptedge-engine", daemon=True)
+
+    # -- the caller's side (any thread) -------------------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def submit(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None]) -> RequestHandle:
+        """Queue a request; raises InvalidArgumentError / PromptTooLongError / QueueFullError at once."""
+        m = self.model.manifest
+        check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length)
+        bad = next((i for i in request.prompt_ids if not 0 <= i < m.shape.vocab_size), None)
+        if bad is not None:
+            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary (0..{m.shape.vocab_size - 1})")
+        stream = TextStream(self._tokenizer, request.stop) if self._tokenizer is not None else None
+        state = SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
+                              np.random.default_rng(request.sampling.seed), list(request.prompt_ids))
+        with self._cond:
+            if not self._accepting:
+                raise EngineStoppedError("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFullError(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
+            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids))
+            self._waiting.append(active)
+            self.metrics.queue_depth = len(self._waiting)
+            self._cond.notify()
+        return RequestHandle(active)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Take no new requests; let running ones finish for up to grace_s, cancel the rest, join."""
+        with self._cond:
+            self._accepting = False
+            self._deadline = time.perf_counter() + grace_s
+            self._cond.notify()
+        self._thread.join()
+
+    @property
+    def busy(self) -> int:
+        """Requests waiting, prefilling or running."""
+        with self._cond:
+            return len(self._waiting) + len(self._running) + (self._prefilling is not None)
+
+    # -- the engine thread --------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._prefilling) and self._accepting:
+                    self._cond.wait()
+                if not self._accepting and (self._deadline_passed() or not self.busy_unlocked()):
+                    break
+            try:
+                self._drop_cancelled()
+                self._prefill_turn()
+                if self._running:
+                    self._decode_step()
+            except Exception as e:  # a failed run fails what was in flight, and the engine goes on
+                log.exception("engine step failed")
+                self._fail_all(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        self._cancel_all()
+
+    def busy_unlocked(self) -> int:
+        return len(self._waiting) + len(self._running) + (self._prefilling is not None)
+
+    def _deadline_passed(self) -> bool:
+        return self._deadline is not None and time.perf_counter() >= self._deadline
+
+    def _prefill_turn(self) -> None:
+        """Start prefilling the next newcomer when there is room, or run the next chunk of the current one."""
+        if self._prefilling is None:
+            with self._cond:
+                if not self._waiting or len(self._running) >= self.max_batch:
+                    return
+                active = self._waiting.popleft()
+                self.metrics.queue_depth = len(self._waiting)
+            self.metrics.tokens_in += len(active.request.prompt_ids)
+            self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
+        active, runs = self._prefilling
+        try:
+            next(runs)
+            return  # one chunk done; the running batch decodes before the next
+        except StopIteration as done:
+            logits = done.value
+        self._prefilling = None
+        self._emit_next(active, logits)
+        if active.state.result.stop:
+            self.pool.remove(active.seq)
+        else:
+            self._running.append(active)
+        self.metrics.running = len(self._running)
+
+    def _decode_step(self) -> None:
+        logits = self.pool.step([a.seq for a in self._running], np.array([a.pending for a in self._running]))
+        for active, row in zip(list(self._running), logits):
+            self._emit_next(active, row)
+            if active.state.result.stop:
+                self._running.remove(active)
+                self.pool.remove(active.seq)
+        self.metrics.running = len(self._running)
+
+    def _emit_next(self, active: _Active, logits: np.ndarray) -> None:
+        """Select one token from logits (V,), report it, and mark the request done when it ends."""
+        req, state = active.request, active.state
+        tok = select_token(logits, req.sampling, state.rng, state.seen)
+        logprob, top = None, None
+        if req.logprobs:
+            logp = log_softmax(logits[None])[0]
+            logprob = float(logp[tok])
+            best = np.argpartition(-logp, req.logprobs)[: req.logprobs]
+            top = {int(i): float(logp[i]) for i in best[np.argsort(-logp[best])]}
+        eos = None if req.ignore_eos else self.model.manifest.eos_id
+        piece = state.take(tok, eos, req.max_new_tokens, self.model.manifest.shape.context_length)
+        now = time.perf_counter()
+        first = not active.last_token_at
+        self.metrics.observe_token(now - (active.submitted if first else active.last_token_at), first)
+        active.last_token_at, active.pending = now, tok
+        if state.result.stop:
+            self._finish(active, piece, tok, logprob, top)
+        else:
+            active.on_event(TokenEvent(piece, tok, logprob, top))
+
+    def _finish(self, active: _Active, piece: str, tok: int | None, logprob=None, top=None,
+                reason: str | None = None, error: str | None = None) -> None:
+        r = active.state.result
+        tail = active.state.stream.flush() if active.state.stream is not None and reason is None else ""
+        if active.state.stream is not None:
+            r.text = active.state.stream.text
+        reason = reason or (FINISH_LENGTH if r.stop in (STOP_MAX_NEW, STOP_CONTEXT) else FINISH_STOP)
+        self.metrics.finished(reason, len(r.ids))
+        active.on_event(TokenEvent(piece + tail, tok, logprob, top, reason, r, error))
+
+    def _drop_cancelled(self) -> None:
+        with self._cond:
+            gone = [a for a in self._waiting if a.cancelled.is_set()]
+            for a in gone:
+                self._waiting.remove(a)
+            self.metrics.queue_depth = len(self._waiting)
+        if self._prefilling and self._prefilling[0].cancelled.is_set():
+            gone.append(self._prefilling[0])
+            self._prefilling = None
+        for a in [a for a in self._running if a.cancelled.is_set()]:
+            self._running.remove(a)
+            gone.append(a)
+        for a in gone:
+            self.pool.remove(a.seq)
+            self._finish(a, "", None, reason=FINISH_CANCELLED)
+        self.metrics.running = len(self._running)
+
+    def _in_flight(self) -> list[_Active]:
+        with self._cond:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        flight = waiting + self._running + ([self._prefilling[0]] if self._prefilling else [])
+        self._running, self._prefilling = [], None
+        return flight
+
+    def _fail_all(self, message: str) -> None:
+        for a in self._in_flight():
+            self.pool.remove(a.seq)
+            self._finish(a, "", None, reason=FINISH_ERROR, error=message)
+
+    def _cancel_all(self) -> None:
+        for a in self._in_flight():
+            self.pool.remove(a.seq)
+            self._finish(a, "", None, reason=FINISH_CANCELLED)

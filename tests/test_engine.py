@@ -1,0 +1,96 @@
+"""The serving engine's continuous batching: every request gets what generate() gives it alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gptedge.runtime.engine import CompletionRequest, Engine, QueueFullError
+from gptedge.runtime.sampling import SamplingParams
+
+PROMPTS = ["Hello world", "It is a truth universally acknowledged that a single man in possession",
+           "In", "The quick brown fox jumps over the lazy dog and then", "A"]
+SETTINGS = [SamplingParams(greedy=True), SamplingParams(top_k=20, temperature=0.8, seed=7),
+            SamplingParams(top_p=0.9, seed=3), SamplingParams(greedy=True, repetition_penalty=1.2)]
+
+
+class Collector:
+    def __init__(self):
+        self.events, self.done = [], threading.Event()
+
+    def __call__(self, event):
+        self.events.append(event)
+        if event.finish_reason:
+            self.done.set()
+
+    @property
+    def last(self):
+        return self.events[-1]
+
+
+def _requests(model, n):
+    out = []
+    for i in range(n):
+        ids = model.encode(PROMPTS[i % len(PROMPTS)] * (1 + i % 3))  # prompts of 1 to ~45 tokens
+        out.append(CompletionRequest(tuple(ids), max_new_tokens=8 + (i * 7) % 30, sampling=SETTINGS[i % 4],
+                                     stop=(" the",) if i % 5 == 4 else ()))
+    return out
+
+
+@pytest.mark.parametrize("graph", ["standard", "kv_buffer"])
+def test_sixteen_staggered_requests_get_their_solo_results(gpt2_loaded, gpt2_kv_buffer_loaded, graph):
+    model = gpt2_loaded if graph == "standard" else gpt2_kv_buffer_loaded
+    requests = _requests(model, 16)
+    solo = [model.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, **vars(r.sampling)) for r in requests]
+    # 3 rows for 16 requests: queueing, rows reused, windows moved left (context 128) and right (long newcomers)
+    engine = Engine(model, max_batch=3, max_queue=16, prefill_chunk=4).start()
+    got = []
+    for i, r in enumerate(requests):
+        got.append(Collector())
+        engine.submit(r, got[-1])
+        if i % 4 == 3:
+            time.sleep(0.05)  # let some join a batch that is already running
+    for c in got:
+        assert c.done.wait(60)
+    engine.stop(grace_s=1)
+    for want, c in zip(solo, got):
+        result = c.last.generation
+        assert result.ids == want.ids and result.text == want.text and result.stop == want.stop
+        assert "".join(e.text for e in c.events) == want.text  # streamed pieces add up to the text
+        assert [e.token_id for e in c.events if e.token_id is not None] == want.ids
+        assert c.last.finish_reason == ("length" if want.stop in ("max_new_tokens", "context") else "stop")
+    assert engine.metrics.tokens_out == sum(len(s.ids) for s in solo)
+
+
+def test_cancel_frees_the_row_and_leaves_others_alone(gpt2_kv_buffer_loaded):
+    model = gpt2_kv_buffer_loaded
+    engine = Engine(model, max_batch=2).start()
+    keep, drop, after = Collector(), Collector(), Collector()
+    ids = tuple(model.encode("Hello world"))
+    engine.submit(CompletionRequest(ids, 60, SamplingParams(greedy=True), ignore_eos=True), keep)
+    handle = engine.submit(CompletionRequest(ids, 100, SamplingParams(greedy=True), ignore_eos=True), drop)
+    while len(drop.events) < 3:
+        time.sleep(0.005)
+    handle.cancel()
+    assert drop.done.wait(10) and drop.last.finish_reason == "cancelled"
+    engine.submit(CompletionRequest(ids, 20, SamplingParams(greedy=True)), after)  # takes the freed row
+    assert keep.done.wait(30) and after.done.wait(30)
+    engine.stop()
+    want = model.generate(list(ids), 60, greedy=True, ignore_eos=True).ids
+    assert keep.last.generation.ids == want
+    assert after.last.generation.ids == model.generate(list(ids), 20, greedy=True).ids
+    assert len(drop.last.generation.ids) < 100
+
+
+def test_queue_full_and_shutdown(gpt2_loaded):
+    engine = Engine(gpt2_loaded, max_batch=1, max_queue=1)  # not started: nothing leaves the queue
+    ids = tuple(gpt2_loaded.encode("Hi"))
+    first = Collector()
+    engine.submit(CompletionRequest(ids, 5), first)
+    with pytest.raises(QueueFullError, match="max-queue 1"):
+        engine.submit(CompletionRequest(ids, 5), Collector())
+    engine.start()
+    engine.stop(grace_s=0)  # the queued request is cancelled, not lost
+    assert first.done.is_set() and first.last.finish_reason in ("cancelled", "length", "stop")
