@@ -30,6 +30,19 @@ class DecodeState(Protocol):
         """input_ids (B, S), attention_mask (B, P + S), position_ids (B, S) int64 -> last-position logits
         (B, V) float32. The returned array may be a view the next run overwrites."""
 
+    def reorder(self, rows: np.ndarray) -> None:
+        """Beam search: row r of the cache becomes what row rows[r] holds now. (B,) int"""
+
+
+def reorder_rows(caches: Sequence[np.ndarray], rows: np.ndarray, length: int) -> None:
+    """In place on host arrays (B, nh, >= length, hs): row r takes old row rows[r], positions [:length].
+    Only rows that change are copied (beams mostly keep their row)."""
+    changed = np.flatnonzero(rows != np.arange(len(rows)))
+    if not len(changed):
+        return
+    for cache in caches:
+        cache[changed, :, :length] = cache[rows[changed], :, :length]  # the right side is gathered first
+
 
 class GraphVariant:
     """What every variant provides; built by `variant_for` around one InferenceSession."""

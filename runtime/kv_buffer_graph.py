@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import contract as C
-from .graph_variant import GraphVariant
+from .graph_variant import GraphVariant, reorder_rows
 from .manifest import ModelShape
 
 
@@ -37,6 +37,8 @@ class KVBufferState:
         self.logits = np.empty((batch, 1, shape.vocab_size), dtype=graph.logits_dtype)  # overwritten each step
         binding.bind_output(C.LOGITS, "cpu", 0, self.logits.dtype, self.logits.shape, self.logits.ctypes.data)
         self._inputs: tuple[np.ndarray, ...] = ()
+        self._held = 0
+        self._device = graph.kv_device
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         # ONNX Runtime reads bound host inputs in place: keep them alive until the next step rebinds.
@@ -44,7 +46,13 @@ class KVBufferState:
         for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
             self._binding.bind_cpu_input(name, array)
         self._session.run_with_iobinding(self._binding)
+        self._held = attention_mask.shape[1]  # positions written so far
         return self.logits[:, -1, :].astype(np.float32, copy=False)  # (B, V), a view of self.logits
+
+    def reorder(self, rows: np.ndarray) -> None:
+        if self._device != "cpu":
+            raise NotImplementedError("beam search over a kv_buffer cache on a GPU is not supported yet")
+        reorder_rows([b.numpy() for b in self.buffers], rows, self._held)  # numpy() is a view on the host
 
 
 class KVBufferGraph(GraphVariant):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .beam_search import BeamOptions, BeamResult, beam_search
 from .errors import InvalidArgumentError, ModelDirError
 from .generation import PREFILL_CHUNK, Generation, run_generation
 from .graph_check import check_graph, manifest_from_hf_dir
@@ -139,6 +140,24 @@ class LoadedModel:
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, stop: Sequence[str] = (),
                  **options) -> Generation:
         return self.generate_batch([prompt], max_new_tokens, stop, **options)[0]
+
+    def beam_search(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64, num_beams: int = 4,
+                    length_penalty: float = 1.0, early_stopping: bool | str = False, num_return_sequences: int = 1,
+                    prefill_chunk: int | None = PREFILL_CHUNK) -> list[BeamResult]:
+        """Beam search over a left-padded batch, as transformers' generate(num_beams=...) -> one BeamResult
+        per prompt: its best sequences and their scores (and texts, with a tokenizer)."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+            raise TypeError(f"beam_search() takes a list of prompts, got {type(prompts).__name__}")
+        options = BeamOptions(num_beams, length_penalty, early_stopping, num_return_sequences)
+        ids = [self._prompt_ids(p) for p in prompts]
+        m = self.manifest
+        pad = m.pad_id if m.pad_id is not None else (m.eos_id or 0)
+        results = beam_search(self.variant, ids, max_new_tokens, m.shape.context_length, m.eos_id, pad, options,
+                              prefill_chunk)
+        if (self.model_dir / TOKENIZER_FILE).is_file():
+            for r in results:
+                r.texts = [self.decode(s) for s in r.sequences]
+        return results
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64, stop: Sequence[str] = (),
                prefill_chunk: int | None = PREFILL_CHUNK, **sampling) -> GenerationStream:

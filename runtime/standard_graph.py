@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import contract as C
-from .graph_variant import GraphVariant
+from .graph_variant import GraphVariant, reorder_rows
 from .manifest import ModelShape
 
 
@@ -31,6 +31,14 @@ class StandardState:
             feeds[name] = value(kv) if isinstance(kv, np.ndarray) else kv
         logits, *self._past = g.session.run_with_ort_values(g.output_names, feeds)
         return logits.numpy()[:, -1, :].astype(np.float32, copy=False)  # (B, V)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        host = [p if isinstance(p, np.ndarray) else p.numpy() for p in self._past]  # views of host values
+        if self._graph.kv_device == "cpu":
+            reorder_rows(host, rows, host[0].shape[2])
+        else:  # a device cache goes through the host once (numpy() copies it)
+            value = self._graph.ort.OrtValue.ortvalue_from_numpy
+            self._past = [value(np.ascontiguousarray(h[rows]), self._graph.kv_device, 0) for h in host]
 
 
 class StandardGraph(GraphVariant):
