@@ -10,7 +10,7 @@ import onnx
 from gptedge import __version__
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
-from gptedge.runtime.contract import GRAPH_KV_BUFFER, GRAPH_STANDARD, LOGITS_TO_KEEP, IONames
+from gptedge.runtime.contract import GRAPH_STANDARD, IONames
 from gptedge.runtime.errors import CheckpointError
 from gptedge.runtime.manifest import MODEL_FILE, Manifest, write_json, write_manifest
 
@@ -52,9 +52,8 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
                    {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
         has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False
         names = IONames(cfg.n_layer)
-        inputs = names.inputs + ([LOGITS_TO_KEEP] if graph_variant == GRAPH_KV_BUFFER else [])
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
-                            pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(inputs),
+                            pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(names.inputs),
                             outputs=tuple(names.outputs),
                             source={**(source_info or {}), "opset": opset, "gptedge_version": __version__,
                                     "activation": cfg.activation, "layer_norm_epsilon": cfg.layer_norm_epsilon,
