@@ -12,6 +12,7 @@ from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
 from gptedge.runtime.contract import GRAPH_STANDARD, IONames
 from gptedge.runtime.errors import CheckpointError
+from gptedge.runtime.genai_config import write_genai_files
 from gptedge.runtime.manifest import MODEL_FILE, Manifest, write_json, write_manifest
 
 from .checkpoint import file_sha256, load_checkpoint, weights_file
@@ -59,6 +60,7 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
                                     "activation": cfg.activation, "layer_norm_epsilon": cfg.layer_norm_epsilon,
                                     "contrib_ops": fused_ops})
         write_manifest(tmp, manifest)
+        write_genai_files(tmp, manifest)
         if validate:
             manifest = manifest.replace(parity=validate_model_dir(reference, tmp, has_tokenizer, greedy_tokens))
             write_manifest(tmp, manifest)

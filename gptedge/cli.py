@@ -312,14 +312,16 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
 @one_line_errors
 def info(model: str, device: str) -> None:
-    """Print the manifest of MODEL and the execution providers available and used."""
+    """Print the manifest of MODEL, the execution providers available and used, and whether ONNX Runtime GenAI can run it."""
     from gptedge.runtime import load
+    from gptedge.runtime.genai_config import genai_readiness
     from gptedge.runtime.session import available_providers
 
     loaded = load(model, device=device)
+    genai = genai_readiness(model, loaded.manifest)
     click.echo(json.dumps({"model_dir": model, "manifest": loaded.manifest.to_dict(),
-                           "providers_available": available_providers(), "providers_used": loaded.providers},
-                          indent=2))
+                           "providers_available": available_providers(), "providers_used": loaded.providers,
+                           "genai_ready": genai.ready, "genai": genai.reason}, indent=2))
 
 
 if __name__ == "__main__":
