@@ -266,7 +266,7 @@ def _peer_source(model_dir: str, source: str | None) -> Path:
 @click.option("--context", default=None, type=int, help="Decode up to this many tokens: prompt = CONTEXT - NEW.")
 @click.option("--threads", default=2, show_default=True, type=int)
 @click.option("--repeat", default=3, show_default=True, type=int, help="Timed runs per row (median reported).")
-@click.option("--peers", default="", help="Comma list of torch, optimum, ctranslate2 (same weights, same run).")
+@click.option("--peers", default="", help="Comma list of torch, optimum, ctranslate2, genai (same weights, same run).")
 @click.option("--source", type=click.Path(file_okay=False, path_type=str), help="HF checkpoint for the peers.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -292,8 +292,8 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
     if peer_names:
         from gptedge.peers import bench_peers
 
-        rows += bench_peers(peer_names, _peer_source(models[0], source), Path(models[0]), prompts, new_tokens,
-                            threads, repeat)
+        checkpoint = _peer_source(models[0], source) if set(peer_names) - {"genai"} else None  # genai: the dir
+        rows += bench_peers(peer_names, checkpoint, Path(models[0]), prompts, new_tokens, threads, repeat)
     setup = {"batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens, "threads": threads,
              "repeat": repeat, "device": device, "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
              "python": platform.python_version()}
