@@ -17,6 +17,7 @@ from gptedge.runtime.manifest import MODEL_FILE, Manifest, write_json, write_man
 
 from .checkpoint import file_sha256, load_checkpoint, weights_file
 from .config import GPTConfig
+from .hub import resolve_source
 from .onnx_graph import DEFAULT_OPSET, build_standard_graph
 from .reference import GPT
 from .tokenizer_files import write_tokenizer
@@ -80,13 +81,15 @@ def validate_model_dir(reference: GPT, model_dir: Path, has_tokenizer: bool, gre
 
 
 def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,
-                      validate: bool = True, fused: bool = True, graph_variant: str = GRAPH_STANDARD) -> Manifest:
-    """A local HF checkpoint directory -> a gptedge model directory."""
-    source, out = Path(source), Path(out)
+                      validate: bool = True, fused: bool = True, graph_variant: str = GRAPH_STANDARD,
+                      revision: str | None = None) -> Manifest:
+    """A local HF checkpoint directory (or a Hugging Face Hub id, see hub.py) -> a gptedge model directory."""
+    out = Path(out)
     check_opset(opset)
-    check_output(out, force)  # before the (slow) load
+    check_output(out, force)  # before the (slow) load, and before any download
+    source, hub_info = resolve_source(source, revision)
     reference, _ = load_checkpoint(source)
     info = {"path": str(source.resolve()), "weights": weights_file(source).name,
-            "sha256": file_sha256(weights_file(source))}
+            "sha256": file_sha256(weights_file(source)), **hub_info}
     return export_model(reference, out, force, opset, source_dir=source, source_info=info, validate=validate,
                         fused=fused, graph_variant=graph_variant)

@@ -63,12 +63,16 @@ def main(verbose: bool) -> None:
               help="Standard ONNX ops only (no ONNX Runtime contrib ops such as MultiHeadAttention).")
 @click.option("--graph", "graph_variant", type=click.Choice(["standard", "kv_buffer"]), default="standard",
               show_default=True, help="kv_buffer: GPT-2 only, an in-place KV cache (faster decode, not Optimum's contract).")
+@click.option("--revision", default=None, help="Hub SOURCE: branch, tag or commit (default: main).")
 @one_line_errors
-def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str) -> None:
-    """Export a local HF checkpoint dir (GPT2LMHeadModel / OpenAIGPTLMHeadModel) to a model dir, then validate it."""
+def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str,
+           revision: str | None) -> None:
+    """Export a GPT-2 / GPT checkpoint to a model dir, then validate it.
+
+    SOURCE: a local HF checkpoint dir, or a Hugging Face Hub id (gpt2, openai-community/gpt2-medium)."""
     exporter = import_extra("gptedge.export.exporter", "export")
     manifest = exporter.export_checkpoint(source, out, force=force, opset=opset, fused=not plain_ops,
-                                          graph_variant=graph_variant)
+                                          graph_variant=graph_variant, revision=revision)
     graph = manifest.parity.get("graph_vs_reference", {})
     greedy = manifest.parity.get("greedy_vs_reference", {})
     diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.get('max_abs_diff', float('nan')):.2e} "
