@@ -53,7 +53,8 @@ def test_export_records_parity_in_manifest(gpt2_model_dir):
                                  "context_length": 128}
     assert len(manifest["source"]["sha256"]) == 64
     assert {p.name for p in gpt2_model_dir.iterdir()} == {
-        "model.onnx", "config.json", "generation_config.json", "tokenizer.json", "gptedge.json"}
+        "model.onnx", "config.json", "generation_config.json", "tokenizer.json", "gptedge.json",
+        "genai_config.json", "tokenizer_config.json"}
 
 
 def test_graph_contract_names_dtypes_and_dynamic_axes(gpt2_model_dir):
