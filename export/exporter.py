@@ -10,12 +10,14 @@ import onnx
 from gptedge import __version__
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
-from gptedge.runtime.contract import GRAPH_KV_BUFFER, GRAPH_STANDARD, LOGITS_TO_KEEP, IONames
+from gptedge.runtime.contract import GRAPH_STANDARD, IONames
 from gptedge.runtime.errors import CheckpointError
+from gptedge.runtime.genai_config import write_genai_files
 from gptedge.runtime.manifest import MODEL_FILE, GraphParity, GreedyParity, Manifest, Parity, Source, write_json, write_manifest
 
 from .checkpoint import file_sha256, load_checkpoint, weights_file
 from .config import GPTConfig
+from .hub import resolve_source
 from .onnx_graph import DEFAULT_OPSET, build_standard_graph
 from .reference import GPT
 from .tokenizer_files import write_tokenizer
@@ -52,14 +54,14 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
                    {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
         has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False
         names = IONames(cfg.n_layer)
-        inputs = names.inputs + ([LOGITS_TO_KEEP] if graph_variant == GRAPH_KV_BUFFER else [])
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
-                            pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(inputs),
+                            pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(names.inputs),
                             outputs=tuple(names.outputs),
                             source=Source(**(source_info or {}), opset=opset, gptedge_version=__version__,
                                           activation=cfg.activation, layer_norm_epsilon=cfg.layer_norm_epsilon,
                                           contrib_ops=tuple(fused_ops)))
         write_manifest(tmp, manifest)
+        write_genai_files(tmp, manifest)
         if validate:
             manifest = manifest.replace(parity=validate_model_dir(reference, tmp, has_tokenizer, greedy_tokens))
             write_manifest(tmp, manifest)
@@ -80,13 +82,15 @@ def validate_model_dir(reference: GPT, model_dir: Path, has_tokenizer: bool, gre
 
 
 def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, opset: int = DEFAULT_OPSET,
-                      validate: bool = True, fused: bool = True, graph_variant: str = GRAPH_STANDARD) -> Manifest:
-    """A local HF checkpoint directory -> a gptedge model directory."""
-    source, out = Path(source), Path(out)
+                      validate: bool = True, fused: bool = True, graph_variant: str = GRAPH_STANDARD,
+                      revision: str | None = None) -> Manifest:
+    """A local HF checkpoint directory (or a Hugging Face Hub id, see hub.py) -> a gptedge model directory."""
+    out = Path(out)
     check_opset(opset)
-    check_output(out, force)  # before the (slow) load
+    check_output(out, force)  # before the (slow) load, and before any download
+    source, hub_info = resolve_source(source, revision)
     reference, _ = load_checkpoint(source)
     info = {"path": str(source.resolve()), "weights": weights_file(source).name,
-            "sha256": file_sha256(weights_file(source))}
+            "sha256": file_sha256(weights_file(source)), **hub_info}
     return export_model(reference, out, force, opset, source_dir=source, source_info=info, validate=validate,
                         fused=fused, graph_variant=graph_variant)

@@ -250,11 +250,9 @@ def _model(g: GraphWriter, cfg: GPTConfig, opset: int, kv_buffer: bool = False) 
               helper.make_tensor_value_info(C.ATTENTION_MASK, i64, [C.DIM_BATCH, C.DIM_TOTAL]),
               helper.make_tensor_value_info(C.POSITION_IDS, i64, [C.DIM_BATCH, C.DIM_SEQ])]
     inputs += [helper.make_tensor_value_info(n, f32, kv) for n in C.IONames(cfg.n_layer).past_names]
-    # logits_to_keep: in the standard graph both an input and an initializer (an optional input, default 0);
-    # the kv_buffer graph's runtime binds every input, so there it is a plain input.
+    # logits_to_keep: in both graphs an input and an initializer (an optional input, default 0), so callers
+    # that do not know it (ONNX Runtime GenAI, Optimum) leave it unfed; gptedge's runtime feeds 1 to decode.
     inputs.append(helper.make_tensor_value_info(C.LOGITS_TO_KEEP, i64, []))
-    if kv_buffer:
-        g.initializers = [t for t in g.initializers if t.name != C.LOGITS_TO_KEEP]
     outputs = [helper.make_tensor_value_info(C.LOGITS, f32, [C.DIM_BATCH, C.DIM_LOGITS, cfg.vocab_size])]
     outputs += [helper.make_tensor_value_info(n, f32, kv_out) for n in C.IONames(cfg.n_layer).present_names]
     used = {name for node in g.nodes for name in node.input}

@@ -63,12 +63,16 @@ def main(verbose: bool) -> None:
               help="Standard ONNX ops only (no ONNX Runtime contrib ops such as MultiHeadAttention).")
 @click.option("--graph", "graph_variant", type=click.Choice(["standard", "kv_buffer"]), default="standard",
               show_default=True, help="kv_buffer: GPT-2 only, an in-place KV cache (faster decode, not Optimum's contract).")
+@click.option("--revision", default=None, help="Hub SOURCE: branch, tag or commit (default: main).")
 @one_line_errors
-def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str) -> None:
-    """Export a local HF checkpoint dir (GPT2LMHeadModel / OpenAIGPTLMHeadModel) to a model dir, then validate it."""
+def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str,
+           revision: str | None) -> None:
+    """Export a GPT-2 / GPT checkpoint to a model dir, then validate it.
+
+    SOURCE: a local HF checkpoint dir, or a Hugging Face Hub id (gpt2, openai-community/gpt2-medium)."""
     exporter = import_extra("gptedge.export.exporter", "export")
     manifest = exporter.export_checkpoint(source, out, force=force, opset=opset, fused=not plain_ops,
-                                          graph_variant=graph_variant)
+                                          graph_variant=graph_variant, revision=revision)
     graph, greedy = manifest.parity.graph_vs_reference, manifest.parity.greedy_vs_reference
     diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.max_abs_diff:.2e} "
          f"({graph.output}, {graph.step}), top-1 {graph.top1_agreement:.2%}; "
@@ -265,7 +269,7 @@ def _peer_source(model_dir: str, source: str | None) -> Path:
 @click.option("--context", default=None, type=int, help="Decode up to this many tokens: prompt = CONTEXT - NEW.")
 @click.option("--threads", default=2, show_default=True, type=int)
 @click.option("--repeat", default=3, show_default=True, type=int, help="Timed runs per row (median reported).")
-@click.option("--peers", default="", help="Comma list of torch, optimum, ctranslate2 (same weights, same run).")
+@click.option("--peers", default="", help="Comma list of torch, optimum, ctranslate2, genai (same weights, same run).")
 @click.option("--source", type=click.Path(file_okay=False, path_type=str), help="HF checkpoint for the peers.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -291,8 +295,8 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
     if peer_names:
         from gptedge.peers import bench_peers
 
-        rows += bench_peers(peer_names, _peer_source(models[0], source), Path(models[0]), prompts, new_tokens,
-                            threads, repeat)
+        checkpoint = _peer_source(models[0], source) if set(peer_names) - {"genai"} else None  # genai: the dir
+        rows += bench_peers(peer_names, checkpoint, Path(models[0]), prompts, new_tokens, threads, repeat)
     setup = {"batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens, "threads": threads,
              "repeat": repeat, "device": device, "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
              "python": platform.python_version()}
@@ -311,14 +315,16 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
 @one_line_errors
 def info(model: str, device: str) -> None:
-    """Print the manifest of MODEL and the execution providers available and used."""
+    """Print the manifest of MODEL, the execution providers available and used, and whether ONNX Runtime GenAI can run it."""
     from gptedge.runtime import load
+    from gptedge.runtime.genai_config import genai_readiness
     from gptedge.runtime.session import available_providers
 
     loaded = load(model, device=device)
+    genai = genai_readiness(model, loaded.manifest)
     click.echo(json.dumps({"model_dir": model, "manifest": loaded.manifest.to_dict(),
-                           "providers_available": available_providers(), "providers_used": loaded.providers},
-                          indent=2))
+                           "providers_available": available_providers(), "providers_used": loaded.providers,
+                           "genai_ready": genai.ready, "genai": genai.reason}, indent=2))
 
 
 if __name__ == "__main__":

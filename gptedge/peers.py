@@ -1,7 +1,7 @@
 """Peer engines for `gptedge bench --peers`, on the same weights and prompt ids, in the same process.
 
 transformers' PyTorch generate, Optimum's ORTModelForCausalLM (fp32 and its dynamic INT8),
-CTranslate2 (float32 and int8). Each needs its package (`gptedge[bench]`); a missing one is
+CTranslate2 (float32 and int8), and ONNX Runtime GenAI on the benchmarked model dir itself. Each needs its package (`gptedge[bench]`); a missing one is
 reported as a row note, not an error.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from gptedge.runtime.bench import BenchRow, peak_rss_mb
 
 log = logging.getLogger(__name__)
-PEERS = ("torch", "optimum", "ctranslate2")
+PEERS = ("torch", "optimum", "ctranslate2", "genai")
 
 
 def _timed(generate: Callable[[int], None], new_tokens: int, batch: int, repeat: int) -> tuple[float, float, list[float]]:
@@ -114,6 +114,37 @@ def bench_ctranslate2(source: Path, prompts, new_tokens: int, threads: int, repe
     return BenchRow(f"CTranslate2 {compute_type}", load_s, ttft, rate, peak_rss_mb(), f"ctranslate2 {ctranslate2.__version__}", runs)
 
 
+def bench_genai(model_dir: Path, prompts, new_tokens: int, threads: int, repeat: int) -> BenchRow:
+    """ONNX Runtime GenAI's C++ loop on the very dir gptedge ran (its genai_config.json), same prompt ids.
+
+    min_length = max_length keeps it going past eos, as gptedge's bench does (ignore_eos)."""
+    import json
+
+    import numpy as np
+    import onnxruntime_genai as og
+
+    t0 = time.perf_counter()
+    config = og.Config(str(model_dir))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+        "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+    model = og.Model(config)
+    load_s = time.perf_counter() - t0
+    ids = np.array(prompts, dtype=np.int32)  # (B, P): equal lengths, no padding
+
+    def generate(n: int) -> None:
+        params = og.GeneratorParams(model)
+        total = ids.shape[1] + n
+        params.set_search_options(do_sample=False, max_length=total, min_length=total, batch_size=ids.shape[0])
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids)
+        for _ in range(n):
+            generator.generate_next_token()
+
+    ttft, rate, runs = _timed(generate, new_tokens, len(prompts), repeat)
+    return BenchRow(f"ONNX Runtime GenAI ({model_dir.name})", load_s, ttft, rate, peak_rss_mb(),
+                    f"onnxruntime-genai {og.__version__}", runs)
+
+
 def with_hf_tokenizer(source: Path, model_dir: Path, work: Path) -> Path:
     """transformers and CTranslate2's converter want tokenizer.json or vocab.json beside the weights;
     a checkpoint with only GPT-2's original encoder.json / vocab.bpe gets the model dir's tokenizer.json."""
@@ -127,15 +158,17 @@ def with_hf_tokenizer(source: Path, model_dir: Path, work: Path) -> Path:
     return linked
 
 
-def bench_peers(names: list[str], source: Path, model_dir: Path, prompts, new_tokens: int, threads: int,
+def bench_peers(names: list[str], source: Path | None, model_dir: Path, prompts, new_tokens: int, threads: int,
                 repeat: int) -> list[BenchRow]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gptedge-peers-") as tmp:
         work = Path(tmp)
-        source = with_hf_tokenizer(source, model_dir, work)
+        source = with_hf_tokenizer(source, model_dir, work) if source else None
         plan = []
         for name in names:
-            if name == "torch":
+            if name == "genai":
+                plan.append(("genai", lambda: bench_genai(model_dir, prompts, new_tokens, threads, repeat)))
+            elif name == "torch":
                 plan.append(("transformers", lambda: bench_torch(source, prompts, new_tokens, threads, repeat)))
             elif name == "optimum":
                 plan.append(("optimum fp32", lambda: bench_optimum(source, prompts, new_tokens, threads, repeat, False, work)))

@@ -16,6 +16,7 @@ from gptedge import __version__
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
+from gptedge.runtime.genai_config import write_genai_files
 from gptedge.runtime.graph_variant import variant_class
 from gptedge.runtime.manifest import (Manifest, Parity, Quantization, QuantizedParity, Source, read_manifest,
                                       write_manifest)
@@ -121,6 +122,7 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
                                parity=Parity(), source=Source(quantized_from=str(model_dir.resolve()),
                                                               fp32_source=manifest.source, gptedge_version=__version__))
         write_manifest(tmp, new)
+        write_genai_files(tmp, new)
         new = new.replace(parity=Parity(vs_fp32=compare_with_source(model_dir, tmp, shape.vocab_size)))
         write_manifest(tmp, new)
     log.info("wrote %s (%s)", out, recipe.method)

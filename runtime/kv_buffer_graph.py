@@ -32,8 +32,7 @@ class KVBufferState:
         for past, present, buf in zip(graph.names.past_names, graph.names.present_names, self.buffers):
             binding.bind_ortvalue_input(past, buf)
             binding.bind_ortvalue_output(present, buf)
-        self._keep = np.ones((), dtype=np.int64)  # logits_to_keep = 1: the LM head runs on the last position
-        binding.bind_cpu_input(C.LOGITS_TO_KEEP, self._keep)
+        graph.bind_keep(binding, 1)  # the LM head runs on the last position only
         self.logits = np.empty((batch, 1, shape.vocab_size), dtype=graph.logits_dtype)  # overwritten each step
         binding.bind_output(C.LOGITS, "cpu", 0, self.logits.dtype, self.logits.shape, self.logits.ctypes.data)
         self._inputs: tuple[np.ndarray, ...] = ()
@@ -58,6 +57,19 @@ class KVBufferState:
 class KVBufferGraph(GraphVariant):
     name = C.GRAPH_KV_BUFFER
 
+    def __init__(self, session, ort, manifest, device):
+        super().__init__(session, ort, manifest, device)
+        # logits_to_keep is an overridable initializer (default 0: every position), so GenAI may leave it
+        # unfed; dirs exported before gptedge 0.1's GenAI support have it as a required input.
+        self._keep_required = C.LOGITS_TO_KEEP in {i.name for i in session.get_inputs()}
+        self._keep = {k: ort.OrtValue.ortvalue_from_numpy(np.array(k, np.int64)) for k in (0, 1)}  # read-only
+
+    def bind_keep(self, binding, keep: int) -> None:
+        """Bind logits_to_keep (0: every position, 1: the last). ONNX Runtime's bind_cpu_input finds
+        required inputs only, so an overridable initializer is bound as a value."""
+        if keep or self._keep_required:
+            binding.bind_ortvalue_input(C.LOGITS_TO_KEEP, self._keep[keep])
+
     def start(self, batch: int, max_length: int) -> KVBufferState:
         return KVBufferState(self, batch, max_length)
 
@@ -78,10 +90,11 @@ class KVBufferGraph(GraphVariant):
         total, run in place, return copies cut to the total."""
         total = attention_mask.shape[1]
         binding = self.session.io_binding()
-        names = (C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS, C.LOGITS_TO_KEEP)  # keep 0: every position
-        inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids, 0)]
+        names = (C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS)
+        inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)]
         for name, array in zip(names, inputs):  # read in place by the run: `inputs` keeps them alive
             binding.bind_cpu_input(name, array)
+        self.bind_keep(binding, 0)  # every position
         binding.bind_output(C.LOGITS, "cpu")
         owned = []
         for in_name, out_name, p in zip(self.names.past_names, self.names.present_names, past):

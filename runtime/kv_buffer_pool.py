@@ -37,14 +37,13 @@ class SlotPool:
         self._rows: list[int] = []  # row -> seq, rows 0..n-1
         self._lengths: list[int] = []  # row -> positions held
         self._timeline = 0  # T
-        self._keep = np.ones((), dtype=np.int64)
         self._decode = self._binding(capacity)  # its rows are rebound whenever n changes
         self._decode_rows = -1
         self._inputs: tuple[np.ndarray, ...] = ()
 
     def _binding(self, rows: int):
         binding = self._session.io_binding()
-        binding.bind_cpu_input(C.LOGITS_TO_KEEP, self._keep)
+        self.variant.bind_keep(binding, 1)
         binding.logits = np.empty((rows, 1, self.variant.shape.vocab_size), self.variant.logits_dtype)  # kept alive
         return binding
 

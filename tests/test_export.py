@@ -53,7 +53,8 @@ def test_export_records_parity_in_manifest(gpt2_model_dir):
                                  "context_length": 128}
     assert len(manifest["source"]["sha256"]) == 64
     assert {p.name for p in gpt2_model_dir.iterdir()} == {
-        "model.onnx", "config.json", "generation_config.json", "tokenizer.json", "gptedge.json"}
+        "model.onnx", "config.json", "generation_config.json", "tokenizer.json", "gptedge.json",
+        "genai_config.json", "tokenizer_config.json"}
 
 
 def test_graph_contract_names_dtypes_and_dynamic_axes(gpt2_model_dir):
@@ -133,7 +134,9 @@ def test_kv_buffer_graph_is_updated_in_place(tmp_path):
     ref = tiny_reference("gpt2", seed=16)
     export_model(ref, tmp_path / "m", validate=False, graph_variant="kv_buffer")
     loaded = load(tmp_path / "m", device="cpu")
-    assert loaded.variant.name == "kv_buffer" and C.LOGITS_TO_KEEP in loaded.manifest.inputs
+    assert loaded.variant.name == "kv_buffer"
+    assert C.LOGITS_TO_KEEP not in loaded.manifest.inputs  # optional: GenAI leaves it unfed
+    assert C.LOGITS_TO_KEEP in {i.name for i in loaded.session.get_overridable_initializers()}
     ids = np.array([[3, 4, 5]], dtype=np.int64)
     state = loaded.variant.start(1, 8)
     state.run(ids, np.ones((1, 3), np.int64), np.arange(3)[None])
