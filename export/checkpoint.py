@@ -18,6 +18,7 @@ import torch
 from gptedge.runtime.errors import CheckpointError
 
 from .config import GPTConfig
+from .families import family
 from .reference import GPT
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,6 @@ log = logging.getLogger(__name__)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Buffers older transformers saved (causal masks); they carry no weights.
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$|^position_ids$")
-_OPENAI_RENAMES = {"tokens_embed.": "wte.", "positions_embed.": "wpe."}
 
 
 def read_config(source: Path) -> GPTConfig:
@@ -61,25 +61,14 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def canonical_name(key: str, arch: str) -> str:
-    """HF key -> reference parameter name ('transformer.h.0.attn.c_attn.weight' -> 'h.0.attn.c_attn.weight')."""
-    for prefix in ("transformer.",):
-        if key.startswith(prefix):
-            key = key[len(prefix):]
-    if arch == "openai-gpt":
-        for old, new in _OPENAI_RENAMES.items():
-            if key.startswith(old):
-                key = new + key[len(old):]
-    return key
-
-
 def load_state(cfg: GPTConfig, tensors: dict[str, torch.Tensor], origin: str) -> dict[str, torch.Tensor]:
     """Rename, check every tensor against the reference's parameters, convert to fp32."""
     expected = {k: v.shape for k, v in GPT(cfg).state_dict().items()}
     state: dict[str, torch.Tensor] = {}
     lm_head = None
+    fam = family(cfg.arch)
     for key, t in tensors.items():
-        name = canonical_name(key, cfg.arch)
+        name = fam.our_name(key)
         if name == "lm_head.weight":
             lm_head = t
             continue
@@ -121,21 +110,13 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def hf_name(name: str, arch: str) -> str:
-    """Reference parameter name -> the key transformers' save_pretrained writes."""
-    if arch == "openai-gpt":
-        for new, old in (("wte.", "tokens_embed."), ("wpe.", "positions_embed.")):
-            if name.startswith(new):
-                name = old + name[len(new):]
-    return "transformer." + name
-
-
 def save_checkpoint(model: GPT, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> None:
     """Write config.json + model.safetensors in HF layout (the tied LM head is not stored)."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = {hf_name(k, model.cfg.arch): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    fam = family(model.cfg.arch)
+    state = {fam.hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2) + "\n", encoding="utf-8")

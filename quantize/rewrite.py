@@ -1,0 +1,82 @@
+"""Graph surgery the quantization methods share: walk the fp32 graph, emit a new one.
+
+The math lives in int8_math.py, the per-method rewiring in dynamic.py / weight_only.py /
+static.py; this file finds nodes by what they are (a MatMul with a 2-D weight initializer; an
+initializer shared by a Gather and a Gemm with transB, i.e. the tied embedding / LM head), not
+by name, and assembles the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass
+class Rewrite:
+    """Collects the new graph while walking the old one."""
+
+    model: onnx.ModelProto
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    new_nodes: list[onnx.NodeProto] = field(default_factory=list)
+    new_inits: list[onnx.TensorProto] = field(default_factory=list)
+    quantized: dict[str, str] = field(default_factory=dict)  # node name -> what it became
+
+    def __post_init__(self) -> None:
+        self.weights = {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
+
+    def init(self, name: str, value: np.ndarray) -> str:
+        self.new_inits.append(numpy_helper.from_array(np.require(value, requirements="C"), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs) -> None:
+        self.new_nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
+
+    def is_linear(self, node: onnx.NodeProto) -> bool:
+        return node.op_type == "MatMul" and node.input[1] in self.weights and self.weights[node.input[1]].ndim == 2
+
+    def bias_adds(self) -> dict[str, tuple[onnx.NodeProto, str]]:
+        """Linear MatMul output -> (the Add that is its only consumer, the 1-D (N,) initializer it adds)."""
+        users: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.model.graph.node:
+            for i in n.input:
+                users.setdefault(i, []).append(n)
+        graph_outputs = {o.name for o in self.model.graph.output}
+        found = {}
+        for node in self.model.graph.node:
+            out = node.output[0]
+            if not self.is_linear(node) or out in graph_outputs or len(users.get(out, [])) != 1:
+                continue
+            add = users[out][0]
+            bias = add.input[1] if add.input[0] == out else add.input[0]
+            width = self.weights[node.input[1]].shape[1]
+            if add.op_type == "Add" and bias in self.weights and self.weights[bias].shape == (width,):
+                found[out] = (add, bias)
+        return found
+
+    def tied_embedding(self) -> tuple[str, onnx.NodeProto, onnx.NodeProto]:
+        """-> (weight name, its Gather, its LM-head Gemm)."""
+        for gemm in self.model.graph.node:
+            if gemm.op_type == "Gemm" and gemm.input[1] in self.weights:
+                trans_b = next((a.i for a in gemm.attribute if a.name == "transB"), 0)
+                gather = next((n for n in self.model.graph.node if n.op_type == "Gather" and n.input[0] == gemm.input[1]), None)
+                if trans_b == 1 and gather is not None:
+                    return gemm.input[1], gather, gemm
+        raise ValueError("graph has no tied embedding / LM head (Gather + Gemm transB on one weight)")
+
+    def finish(self, producer_note: str) -> onnx.ModelProto:
+        g = self.model.graph
+        used = {i for n in self.new_nodes for i in n.input}
+        inits = [t for t in list(g.initializer) + self.new_inits if t.name in used]
+        graph = helper.make_graph(self.new_nodes, g.name, list(g.input), list(g.output), initializer=inits)
+        opsets = [o for o in self.model.opset_import if o.domain not in ("", MS_DOMAIN)]
+        opsets += [helper.make_opsetid("", next(o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx"))),
+                   helper.make_opsetid(MS_DOMAIN, 1)]
+        out = helper.make_model(graph, opset_imports=opsets, producer_name="gptedge", doc_string=producer_note)
+        out.ir_version = self.model.ir_version
+        return out
