@@ -1,8 +1,11 @@
-"""The `gptedge` command: generated text on stdout, diagnostics (load time, tok/s, provider) on stderr."""
+"""The `gptedge` command: generated text on stdout, diagnostics (load time, tok/s, provider) on stderr.
+
+Every failure is one `Error: ...` line (see cli_errors); every check that can run before the
+work does (see cli_options and gptedge.atomic).
+"""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -12,64 +15,70 @@ from pathlib import Path
 import click
 
 from gptedge import __version__
-from gptedge.runtime.errors import GptEdgeError
+from gptedge.atomic import atomic_output_file, check_output, check_output_file
+from gptedge.cli_errors import debug_from_env, report, signals_raise
+from gptedge.cli_options import (CommaChoice, count, device_option, diag, import_extra, progress, read_text,
+                                 threads_option, utf8_text)
+from gptedge.peers import PEERS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def one_line_errors(fn):
-    """Library errors become one-line click errors; nothing else is swallowed."""
+class Gptedge(click.Group):
+    """click's group, with the one top-level handler around every command (and SIGTERM handled like SIGINT)."""
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except GptEdgeError as e:
-            raise click.ClickException(str(e)) from None
+    debug = False
 
-    return wrapper
-
-
-def import_extra(module: str, extra: str):
-    """Import a part that needs an extra (torch, onnx); a one-line hint when it is missing."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise click.ClickException(f"{e.name or e} is not installed: this command needs "
-                                   f"pip install torch==2.13.0 'gptedge[{extra}]'") from None
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        self.debug = debug_from_env()
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        with signals_raise():
+            try:
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                code = rv if isinstance(rv, int) else 0
+            except SystemExit:
+                raise
+            except BaseException as e:  # noqa: BLE001 - the one place every failure is reported
+                code = report(e, self.debug)
+        sys.exit(code)
 
 
-def diag(message: str) -> None:
-    click.echo(message, err=True)
-
-
-@click.group(context_settings=CONTEXT)
+@click.group(cls=Gptedge, context_settings=CONTEXT)
 @click.version_option(__version__, "--version", prog_name="gptedge")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
-def main(verbose: bool) -> None:
-    """Export GPT-2 / GPT to ONNX, quantize it, and generate with ONNX Runtime."""
+@click.option("--debug", is_flag=True, help="Show the traceback of a failure (also: GPTEDGE_DEBUG=1).")
+def main(verbose: bool, debug: bool) -> None:
+    """Export GPT-2 / GPT to ONNX, quantize it, and generate with ONNX Runtime.
+
+    Every failure is one line `Error: ...`: exit 2 when the command line is wrong, 1 when the work
+    failed, 130 / 143 when interrupted / terminated (partial output is removed)."""
+    if debug:
+        click.get_current_context().command.debug = True
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
+
+
+FORCE_HELP = ("Replace OUT if gptedge wrote it (or it is empty), once the new one is complete. Never the "
+              "input, a folder holding it, or the current directory.")
 
 
 @main.command(context_settings=CONTEXT)
 @click.argument("source", type=click.Path(file_okay=False, path_type=str))
 @click.option("-o", "--out", required=True, type=click.Path(path_type=str), help="Model directory to write.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists (only once the new one is complete).")
-@click.option("--opset", default=17, show_default=True, type=int, help="ONNX opset (>= 17).")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
+@click.option("--opset", default=17, show_default=True, type=count(17), help="ONNX opset (>= 17).")
 @click.option("--plain-ops", is_flag=True,
               help="Standard ONNX ops only (no ONNX Runtime contrib ops such as MultiHeadAttention).")
 @click.option("--graph", "graph_variant", type=click.Choice(["standard", "kv_buffer"]), default="standard",
               show_default=True, help="kv_buffer: GPT-2 only, an in-place KV cache (faster decode, not Optimum's contract).")
 @click.option("--revision", default=None, help="Hub SOURCE: branch, tag or commit (default: main).")
-@one_line_errors
 def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str,
            revision: str | None) -> None:
     """Export a GPT-2 / GPT checkpoint to a model dir, then validate it.
 
     SOURCE: a local HF checkpoint dir, or a Hugging Face Hub id (gpt2, openai-community/gpt2-medium)."""
+    check_output(out, force, inputs=[source])  # before importing torch, let alone loading
     exporter = import_extra("gptedge.export.exporter", "export")
     manifest = exporter.export_checkpoint(source, out, force=force, opset=opset, fused=not plain_ops,
                                           graph_variant=graph_variant, revision=revision)
@@ -81,16 +90,17 @@ def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, grap
 
 def _sampling_options(fn):
     for opt in reversed([
-        click.option("-n", "--max-new-tokens", default=64, show_default=True, type=int),
-        click.option("--top-k", default=0, show_default=True, type=int, help="0: off."),
-        click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0: off."),
+        click.option("-n", "--max-new-tokens", default=64, show_default=True, type=count(1)),
+        click.option("--top-k", default=0, show_default=True, type=count(0), help="0: off."),
+        click.option("--top-p", default=1.0, show_default=True, type=float, help="In (0, 1]; 1.0: off."),
         click.option("--temperature", default=1.0, show_default=True, type=float, help="0: greedy."),
-        click.option("--repetition-penalty", default=1.0, show_default=True, type=float, help="1.0: off."),
-        click.option("--seed", default=None, type=int, help="Makes sampling reproducible."),
+        click.option("--repetition-penalty", default=1.0, show_default=True, type=float, help="> 0; 1.0: off."),
+        click.option("--seed", default=None, type=count(0), help="Makes sampling reproducible."),
         click.option("--greedy", is_flag=True, help="Always the most likely token."),
-        click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it."),
-        click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto."),
-        click.option("--threads", default=None, type=int, help="ONNX Runtime intra-op threads."),
+        click.option("--stop", multiple=True, callback=utf8_text,
+                     help="Stop string (repeatable); the text ends before it."),
+        device_option,
+        threads_option,
     ]):
         fn = opt(fn)
     return fn
@@ -98,16 +108,19 @@ def _sampling_options(fn):
 
 @main.command(context_settings=CONTEXT)
 @click.argument("model", required=False, type=click.Path(path_type=str))
-@click.option("-p", "--prompt", required=True, help="Text to continue.")
+@click.option("-p", "--prompt", required=True, callback=utf8_text, help="Text to continue (valid UTF-8).")
 @_sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-@one_line_errors
 def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: float, temperature: float,
              repetition_penalty: float, seed: int | None, greedy: bool, stop: tuple[str, ...], device: str,
-             threads: int | None, as_json: bool) -> None:
+             threads: int, as_json: bool) -> None:
     """Continue PROMPT with the model in MODEL (default: the shipped sample model); text on stdout, timings on stderr."""
     from gptedge.runtime import SessionConfig, load
+    from gptedge.runtime.sampling import SamplingParams
 
+    sampling = dict(top_k=top_k, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
+                    seed=seed, greedy=greedy)
+    SamplingParams(**sampling)  # refuse bad values before loading anything
     if model is None:
         from gptedge.sample import sample_model_dir
 
@@ -116,8 +129,6 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
     loaded = load(model, device=device, session=SessionConfig(threads=threads))
     loaded.tokenizer  # fail on a missing tokenizer before anything is printed
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
-    sampling = dict(top_k=top_k, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
-                    seed=seed, greedy=greedy)
     if as_json:
         result = loaded.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, **sampling)
         click.echo(json.dumps({"prompt": prompt, **result.to_dict()}, ensure_ascii=False))
@@ -131,58 +142,35 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
          f"decode {result.tokens_per_s:.1f} tok/s")
 
 
-def _progress(label: str):
-    """A progress bar on stderr, driven by the library's (done, total) callbacks."""
-    state = {}
-
-    def update(done: int, total: int) -> None:
-        if "bar" not in state:
-            state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr)
-            state["bar"].__enter__()
-            state["seen"] = 0
-        state["bar"].update(done - state["seen"])
-        state["seen"] = done
-        if done >= total:
-            state.pop("bar").__exit__(None, None, None)
-
-    return update
-
-
-def _read_text(path: str) -> str:
-    try:
-        return open(path, encoding="utf-8").read()
-    except UnicodeDecodeError as e:
-        raise click.ClickException(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise click.ClickException(f"{path}: {e.strerror}") from None
-
-
 @main.command(context_settings=CONTEXT)
 @click.argument("model", type=click.Path(path_type=str))
 @click.option("-o", "--out", required=True, type=click.Path(path_type=str), help="Model directory to write.")
-@click.option("--method", required=True, help="dynamic | static | weight-only")
+@click.option("--method", required=True, type=click.Choice(["dynamic", "static", "weight-only"]))
 @click.option("--per-channel/--per-tensor", default=True, show_default=True, help="Weight scales (dynamic, static).")
-@click.option("--block-size", default=32, show_default=True, type=int, help="Weight-only: weights per scale.")
-@click.option("--accuracy-level", default=4, show_default=True, type=int,
+@click.option("--block-size", default=32, show_default=True, type=count(1), help="Weight-only: weights per scale.")
+@click.option("--accuracy-level", default=4, show_default=True, type=click.IntRange(0, 4),
               help="Weight-only: 4 quantizes activations per block inside the kernel (fast); 0 keeps them "
                    "float (slightly more exact, far slower on CPU).")
 @click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products).")
-@click.option("--calibration", type=click.Path(dir_okay=False, path_type=str), help="Static: calibration text file.")
-@click.option("--calibration-sequences", default=32, show_default=True, type=int)
-@click.option("--calibration-length", default=128, show_default=True, type=int, help="Tokens per sequence.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@one_line_errors
+@click.option("--calibration", type=click.Path(dir_okay=False, path_type=str),
+              help="Static (required): calibration text file (UTF-8).")
+@click.option("--calibration-sequences", default=32, show_default=True, type=count(1))
+@click.option("--calibration-length", default=128, show_default=True, type=count(1), help="Tokens per sequence.")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 def quantize(model: str, out: str, method: str, per_channel: bool, block_size: int, accuracy_level: int,
              quantize_attention: bool, calibration: str | None, calibration_sequences: int, calibration_length: int,
              force: bool) -> None:
     """Write an INT8 variant of the fp32 model dir MODEL into OUT; the manifest records the recipe."""
+    if method == "static" and calibration is None:
+        raise click.UsageError("--method static needs --calibration TEXT_FILE")
+    check_output(out, force, inputs=[model])
+    text = read_text(calibration) if calibration else None
     q = import_extra("gptedge.quantize.quantizer", "quantize")
     recipe = q.QuantizeRecipe(method=method, per_channel=per_channel, block_size=block_size,
                               accuracy_level=accuracy_level, quantize_attention=quantize_attention,
                               calibration_sequences=calibration_sequences, calibration_length=calibration_length)
-    text = _read_text(calibration) if calibration else None
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
-                                    progress=_progress("calibrating"))
+                                    progress=progress("calibrating"))
     check = manifest.parity.vs_fp32
     diag(f"quantized {model} -> {out} ({method}): {sum(manifest.quantization.quantized_nodes.values())} nodes "
          f"quantized; vs fp32 on seeded ids: top-1 {check.top1_agreement:.2%}, "
@@ -191,19 +179,21 @@ def quantize(model: str, out: str, method: str, per_channel: bool, block_size: i
 
 @main.command(name="eval", context_settings=CONTEXT)
 @click.argument("model", type=click.Path(path_type=str))
-@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, path_type=str))
-@click.option("--stride", default=None, type=int, help="Sliding-window stride (default: half the context).")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
+@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, path_type=str),
+              help="UTF-8 text file.")
+@click.option("--stride", default=None, type=count(1),
+              help="Sliding-window stride, 1..context (default: half the context).")
+@device_option
+@threads_option
 @click.option("--json", "as_json", is_flag=True)
-@one_line_errors
-def eval_(model: str, text_file: str, stride: int | None, device: str, as_json: bool) -> None:
+def eval_(model: str, text_file: str, stride: int | None, device: str, threads: int, as_json: bool) -> None:
     """Perplexity of MODEL over the whole of a text file."""
-    from gptedge.runtime import load
+    from gptedge.runtime import SessionConfig, load
     from gptedge.runtime.evaluate import perplexity
 
-    loaded = load(model, device=device)
-    ids = loaded.encode(_read_text(text_file))
-    result = perplexity(loaded, ids, stride, progress=_progress("evaluating"))
+    text = read_text(text_file)
+    loaded = load(model, device=device, session=SessionConfig(threads=threads))
+    result = perplexity(loaded, loaded.encode(text), stride, progress=progress("evaluating"))
     if as_json:
         click.echo(json.dumps({"model": model, "text": text_file, **result.to_dict()}))
     else:
@@ -214,38 +204,47 @@ def eval_(model: str, text_file: str, stride: int | None, device: str, as_json: 
 @main.command(context_settings=CONTEXT)
 @click.argument("ref", type=click.Path(path_type=str))
 @click.argument("models", nargs=-1, type=click.Path(path_type=str))
-@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, path_type=str))
-@click.option("--prompts", default=8, show_default=True, type=int, help="Greedy agreement: number of prompts.")
-@click.option("--new-tokens", default=32, show_default=True, type=int, help="Greedy agreement: tokens per prompt.")
-@click.option("--max-tokens", default=None, type=int, help="Use only the first N tokens of the text.")
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, path_type=str),
+              help="UTF-8 text file.")
+@click.option("--prompts", default=8, show_default=True, type=count(1), help="Greedy agreement: number of prompts.")
+@click.option("--new-tokens", default=32, show_default=True, type=count(1), help="Greedy agreement: tokens per prompt.")
+@click.option("--max-tokens", default=None, type=count(2), help="Use only the first N (>= 2) tokens of the text.")
+@device_option
+@threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=str), help="Also write the table here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=str), help="Also draw size vs Δppl and speed (PNG).")
-@one_line_errors
 def compare(ref: str, models: tuple[str, ...], text_file: str, prompts: int, new_tokens: int, max_tokens: int | None,
-            device: str, as_json: bool, markdown: str | None, plot: str | None) -> None:
+            device: str, threads: int, as_json: bool, markdown: str | None, plot: str | None) -> None:
     """Compare MODELS against REF on one text: size, perplexity, agreement, KL, speed."""
-    from gptedge.runtime import load
+    from gptedge.runtime import SessionConfig, load
+    from gptedge.runtime.compare import check_comparable, markdown_table
     from gptedge.runtime.compare import compare as run_compare
-    from gptedge.runtime.compare import markdown_table
-    from gptedge.runtime.manifest import write_text_atomic
 
-    loaded = [load(m, device=device) for m in (ref, *models)]
-    ids = loaded[0].encode(_read_text(text_file))[: max_tokens or None]
-    rows = run_compare(loaded, ids, prompts=prompts, new_tokens=new_tokens, progress=_progress("comparing"))
+    for path in (markdown, plot):
+        if path:
+            check_output_file(path)
+    if plot:
+        import_extra("matplotlib", "plot")
+    text = read_text(text_file)
+    loaded = [load(m, device=device, session=SessionConfig(threads=threads)) for m in (ref, *models)]
+    check_comparable(loaded, prompts, new_tokens)
+    ids = loaded[0].encode(text)[:max_tokens]
+    rows = run_compare(loaded, ids, prompts=prompts, new_tokens=new_tokens, progress=progress("comparing"))
     table = markdown_table(rows, len(ids), text_file)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
         click.echo(table, nl=False)
     if markdown:
-        write_text_atomic(markdown, table)
+        with atomic_output_file(markdown) as tmp:
+            tmp.write_text(table, encoding="utf-8")
         diag(f"wrote {markdown}")
     if plot:
         from gptedge.runtime.plot import plot_compare
 
-        plot_compare(rows, plot, f"gptedge compare on {text_file} ({len(ids):,} tokens)")
+        with atomic_output_file(plot) as tmp:
+            plot_compare(rows, tmp, f"gptedge compare on {text_file} ({len(ids):,} tokens)")
         diag(f"wrote {plot}")
 
 
@@ -263,19 +262,20 @@ def _peer_source(model_dir: str, source: str | None) -> Path:
 
 @main.command(context_settings=CONTEXT)
 @click.argument("models", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--prompt", "prompt_len", default=32, show_default=True, type=int, help="Prompt tokens.")
-@click.option("--new", "new_tokens", default=128, show_default=True, type=int, help="New tokens (greedy).")
-@click.option("--batch", default=1, show_default=True, type=int)
-@click.option("--context", default=None, type=int, help="Decode up to this many tokens: prompt = CONTEXT - NEW.")
-@click.option("--threads", default=2, show_default=True, type=int)
-@click.option("--repeat", default=3, show_default=True, type=int, help="Timed runs per row (median reported).")
-@click.option("--peers", default="", help="Comma list of torch, optimum, ctranslate2, genai (same weights, same run).")
+@click.option("--prompt", "prompt_len", default=32, show_default=True, type=count(1), help="Prompt tokens.")
+@click.option("--new", "new_tokens", default=128, show_default=True, type=count(1), help="New tokens (greedy).")
+@click.option("--batch", default=1, show_default=True, type=count(1))
+@click.option("--context", default=None, type=count(2), help="Decode up to this many tokens: prompt = CONTEXT - NEW.")
+@threads_option
+@click.option("--repeat", default=3, show_default=True, type=count(1), help="Timed runs per row (median reported).")
+@click.option("--peers", default="", type=CommaChoice(PEERS),
+              help="Comma list of peers run on the same weights in the same process (always on CPU; "
+                   "genai runs the model dir itself).")
 @click.option("--source", type=click.Path(file_okay=False, path_type=str), help="HF checkpoint for the peers.")
-@click.option("--device", default="cpu", show_default=True)
+@device_option
 @click.option("--json", "as_json", is_flag=True)
-@one_line_errors
 def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int, context: int | None, threads: int,
-          repeat: int, peers: str, source: str | None, device: str, as_json: bool) -> None:
+          repeat: int, peers: list[str], source: str | None, device: str, as_json: bool) -> None:
     """Decode speed of MODELS (and peers) side by side: load time, first token, tok/s, peak RSS."""
     import platform
 
@@ -283,20 +283,19 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
     from gptedge.runtime.manifest import read_manifest
 
     shape = read_manifest(models[0]).shape
-    if context:
+    if context is not None:
         prompt_len = context - new_tokens
     if prompt_len < 1 or prompt_len + new_tokens > shape.context_length:
-        raise click.ClickException(f"prompt {prompt_len} + new {new_tokens} tokens do not fit the context "
-                                   f"of {shape.context_length}")
+        raise click.UsageError(f"prompt {prompt_len} + new {new_tokens} tokens do not fit the context "
+                               f"of {shape.context_length}")
+    peer_source = _peer_source(models[0], source) if set(peers) - {"genai"} else None  # genai: the dir itself
     prompts = bench_prompts(shape.vocab_size, batch, prompt_len)
     rows = [bench_gptedge(m, prompts, new_tokens, threads, repeat, device, name=f"gptedge {Path(m).name}")
             for m in models]
-    peer_names = [p.strip() for p in peers.split(",") if p.strip()]
-    if peer_names:
+    if peers:
         from gptedge.peers import bench_peers
 
-        checkpoint = _peer_source(models[0], source) if set(peer_names) - {"genai"} else None  # genai: the dir
-        rows += bench_peers(peer_names, checkpoint, Path(models[0]), prompts, new_tokens, threads, repeat)
+        rows += bench_peers(peers, peer_source, Path(models[0]), prompts, new_tokens, threads, repeat)
     setup = {"batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens, "threads": threads,
              "repeat": repeat, "device": device, "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
              "python": platform.python_version()}
@@ -312,8 +311,7 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
 
 @main.command(context_settings=CONTEXT)
 @click.argument("model", type=click.Path(path_type=str))
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda or auto.")
-@one_line_errors
+@device_option
 def info(model: str, device: str) -> None:
     """Print the manifest of MODEL, the execution providers available and used, and whether ONNX Runtime GenAI can run it."""
     from gptedge.runtime import load

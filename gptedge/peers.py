@@ -1,7 +1,8 @@
 """Peer engines for `gptedge bench --peers`, on the same weights and prompt ids, in the same process.
 
 transformers' PyTorch generate, Optimum's ORTModelForCausalLM (fp32 and its dynamic INT8),
-CTranslate2 (float32 and int8), and ONNX Runtime GenAI on the benchmarked model dir itself. Each needs its package (`gptedge[bench]`); a missing one is
+CTranslate2 (float32 and int8), and ONNX Runtime GenAI on the benchmarked model dir itself. Each needs
+its package (`errors.install_hint('peers')`); a missing one is
 reported as a row note, not an error.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gptedge.runtime.bench import BenchRow, peak_rss_mb
+from gptedge.runtime.errors import install_hint
 
 log = logging.getLogger(__name__)
 PEERS = ("torch", "optimum", "ctranslate2", "genai")
@@ -183,6 +185,6 @@ def bench_peers(names: list[str], source: Path | None, model_dir: Path, prompts,
             try:
                 rows.append(run())
             except ImportError as e:
-                rows.append(BenchRow(label, 0, 0, 0, peak_rss_mb(), f"not run: {e.name} not installed"))
+                rows.append(BenchRow(label, 0, 0, 0, peak_rss_mb(), f"not run: {e.name} not installed ({install_hint('peers')})"))
             log.info("bench %s done", label)
     return rows

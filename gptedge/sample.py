@@ -12,7 +12,8 @@ import logging
 import os
 from pathlib import Path
 
-from gptedge.runtime.errors import GptEdgeError
+from gptedge.atomic import writable_dir_for
+from gptedge.runtime.errors import GptEdgeError, OutputNotWritableError, missing_extra
 from gptedge.runtime.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,14 @@ def sample_model_dir(checkpoint: Path = SAMPLE_CHECKPOINT) -> Path:
     out = cache_dir() / f"sample-model-{digest}"
     if not (out / MANIFEST_NAME).is_file():
         try:
+            writable_dir_for(out)
+        except OutputNotWritableError as e:
+            raise OutputNotWritableError(f"{e}: the sample model is exported there on first use "
+                                         "(set GPTEDGE_CACHE to a writable directory)") from None
+        try:
             from gptedge.export.exporter import export_checkpoint
         except ImportError as e:
-            raise GptEdgeError(f"exporting the sample model on first use needs {e.name}: "
-                               "pip install torch==2.13.0 'gptedge[export]'") from None
+            raise missing_extra(e.name, "export", "exporting the sample model on first use") from None
         log.warning("exporting the sample model into %s (first use only)", out)
         export_checkpoint(checkpoint, out, force=True)
     return out

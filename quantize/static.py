@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gptedge.runtime.errors import QuantizationError
+from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.graph_variant import GraphVariant, variant_class
 from gptedge.runtime.manifest import ModelShape
 
@@ -164,8 +164,8 @@ def _quantize_file(untied: onnx.ModelProto, reader, work_dir: Path, per_channel:
 def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | None) -> None:
     if calibration_text is None:
         raise QuantizationError("static quantization needs --calibration TEXT_FILE")
-    if not 2 <= recipe.calibration_length <= shape.context_length:
-        raise QuantizationError(f"--calibration-length {recipe.calibration_length} is out of range: "
+    if not 2 <= recipe.calibration_length <= shape.context_length:  # the command line is wrong: exit 2
+        raise InvalidArgumentError(f"--calibration-length {recipe.calibration_length} is out of range: "
                                 f"choose 2..{shape.context_length} (the model's context)")
 
 

@@ -61,9 +61,24 @@ def matching_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def check_comparable(models: list, prompts: int = 8, new_tokens: int = 32) -> None:
+    """Refuse, before any work, what compare cannot do: models over different vocabularies (the ids of
+    one text and the per-position distributions must mean the same for all), counts below 1."""
+    for name, value in (("prompts", prompts), ("new_tokens", new_tokens)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+    ref = models[0]
+    for m in models[1:]:
+        if m.manifest.shape.vocab_size != ref.manifest.shape.vocab_size:
+            raise InvalidArgumentError(
+                f"{m.model_dir} has a vocabulary of {m.manifest.shape.vocab_size} tokens, the reference "
+                f"{ref.model_dir} {ref.manifest.shape.vocab_size}: only models over one vocabulary can be compared")
+
+
 def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int = 32, prompt_length: int = 32,
             stride: int | None = None, progress: Progress | None = None) -> list[CompareRow]:
     """models[0] is the reference; every model, the reference included, gets a row."""
+    check_comparable(models, prompts, new_tokens)
     ref = models[0]
     context = min(m.manifest.shape.context_length for m in models)
     windows = sliding_windows(len(text_ids), context, stride)

@@ -26,7 +26,8 @@ def sliding_windows(n_tokens: int, context: int, stride: int | None = None) -> l
     with at least context - stride tokens before it once the first window is past."""
     if n_tokens < 2:
         raise InvalidArgumentError(f"text has {n_tokens} token(s); perplexity needs at least 2")
-    stride = stride or max(1, context // 2)
+    if stride is None:  # 0 is refused below, like any stride outside 1..context: never "the default"
+        stride = max(1, context // 2)
     if not 0 < stride <= context:
         raise InvalidArgumentError(f"stride must be in 1..{context}, got {stride}")
     windows, scored, begin = [], 1, 0

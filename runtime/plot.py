@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import GptEdgeError
+from .errors import missing_extra
 
 
 def plot_compare(rows, out: str | Path, title: str) -> None:
@@ -14,8 +14,8 @@ def plot_compare(rows, out: str | Path, title: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        raise GptEdgeError("--plot needs matplotlib: pip install 'gptedge[plot]'") from None
+    except ImportError as e:
+        raise missing_extra(e.name, "plot", "--plot") from None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, r in enumerate(rows):
         name = Path(r.model).name

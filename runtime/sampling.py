@@ -82,5 +82,9 @@ def select_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     logits = apply_repetition_penalty(logits.astype(np.float64, copy=False), seen, params.repetition_penalty)
     if params.is_greedy:
         return int(np.argmax(logits))
-    logits = top_p_filter(top_k_filter(logits / params.temperature, params.top_k), params.top_p)
+    with np.errstate(over="ignore"):
+        scaled = logits / params.temperature
+    if np.isposinf(scaled).any():  # a temperature so small that scaling overflows: all mass on the top logit
+        return int(np.argmax(logits))
+    logits = top_p_filter(top_k_filter(scaled, params.top_k), params.top_p)
     return int(rng.choice(logits.shape[-1], p=softmax(logits)))

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DeviceError, InvalidArgumentError, MissingRuntimeError
+from .errors import DeviceError, InvalidArgumentError, MissingRuntimeError, install_hint
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,7 @@ def import_onnxruntime() -> Any:
     try:
         import onnxruntime
     except ImportError:
-        raise MissingRuntimeError(
-            "ONNX Runtime is not installed: pip install 'gptedge[cpu]' (or 'gptedge[gpu]' for CUDA), never both"
-        ) from None
+        raise MissingRuntimeError(f"ONNX Runtime is not installed: {install_hint('cpu')}") from None
     return onnxruntime
 
 

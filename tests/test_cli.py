@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -70,156 +69,200 @@ def test_info_shows_manifest_and_providers(runner, gpt2_model_dir):
     assert "CPUExecutionProvider" in out["providers_available"] and out["providers_used"] == ["CPUExecutionProvider"]
 
 
-# --- bad input (DESIGN §8): one line, nothing written, nothing lost --------------------------------
+# Bad input (DESIGN §8) is in test_bad_invocations.py, through the real command in a subprocess.
 
 
-def test_missing_model_dir(runner, tmp_path):
-    line = one_line_error(runner.invoke(main, ["generate", str(tmp_path / "nope"), "-p", "x"]))
-    assert "no such model directory" in line
+# --- every option reaches the library (DESIGN §4: a test that fails when an option is ignored) -------------
 
 
-def test_dir_without_manifest_or_config(runner, tmp_path):
-    line = one_line_error(runner.invoke(main, ["info", str(tmp_path)]))
-    assert "no gptedge.json and no config.json" in line
+class Calls:
+    """Records the calls of a monkeypatched function; returns `value(*args, **kwargs)`."""
+
+    def __init__(self, value=None):
+        self.value, self.calls = value, []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return self.value(*args, **kwargs) if callable(self.value) else self.value
 
 
-def test_corrupt_manifest(runner, gpt2_model_dir, tmp_path):
-    bad = tmp_path / "m"
-    shutil.copytree(gpt2_model_dir, bad)
-    (bad / "gptedge.json").write_text("{ not json")
-    assert "corrupt manifest" in one_line_error(runner.invoke(main, ["info", str(bad)]))
+@pytest.fixture
+def captured_load(monkeypatch, gpt2_loaded):
+    """gptedge.runtime.load recorded; it hands back the session's model with generate/stream recorded too."""
+    import gptedge.runtime
+
+    model = gpt2_loaded
+    record = Calls(lambda *a, **k: proxy)
+
+    class Proxy:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    proxy = Proxy()
+    proxy.generate = Calls(model.generate)
+    proxy.stream = Calls(model.stream)
+    monkeypatch.setattr(gptedge.runtime, "load", record)
+    return record, proxy
 
 
-def test_corrupt_graph(runner, gpt2_model_dir, tmp_path):
-    bad = tmp_path / "m"
-    shutil.copytree(gpt2_model_dir, bad)
-    (bad / "model.onnx").write_bytes(b"garbage" * 100)
-    assert "ONNX Runtime cannot load it" in one_line_error(runner.invoke(main, ["info", str(bad)]))
+def test_generate_passes_every_option(runner, captured_load, gpt2_model_dir):
+    from gptedge.cli_options import default_threads
+
+    load, model = captured_load
+    args = ["generate", str(gpt2_model_dir), "-p", "Hello", "-n", "3", "--top-k", "5", "--top-p", "0.9",
+            "--temperature", "0.7", "--repetition-penalty", "1.2", "--seed", "4", "--stop", "xyz", "--stop", "q",
+            "--device", "cpu", "--threads", "1"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (_, load_kw), = load.calls
+    assert load_kw["device"] == "cpu" and load_kw["session"].threads == 1
+    (prompt,), kw = model.stream.calls[0]
+    assert prompt == "Hello" and kw == dict(max_new_tokens=3, stop=("xyz", "q"), top_k=5, top_p=0.9, temperature=0.7,
+                                            repetition_penalty=1.2, seed=4, greedy=False)
+    result = runner.invoke(main, ["generate", str(gpt2_model_dir), "-p", "Hi", "--greedy", "--json"])
+    assert result.exit_code == 0, result.output
+    assert load.calls[1][1]["device"] == "auto" and load.calls[1][1]["session"].threads == default_threads()
+    (prompt,), kw = model.generate.calls[0]
+    assert kw["greedy"] and kw["max_new_tokens"] == 64 and kw["top_k"] == 0 and kw["seed"] is None
+    assert json.loads(result.stdout)["prompt"] == "Hi"
 
 
-def test_missing_graph(runner, gpt2_model_dir, tmp_path):
-    bad = tmp_path / "m"
-    shutil.copytree(gpt2_model_dir, bad)
-    (bad / "model.onnx").unlink()
-    assert "no model.onnx" in one_line_error(runner.invoke(main, ["info", str(bad)]))
+def test_export_passes_every_option(runner, monkeypatch, gpt2_checkpoint, tmp_path):
+    from types import SimpleNamespace as NS
 
+    import gptedge.export.exporter as exporter
 
-@pytest.mark.parametrize("field, value, says", [
-    ("n_layer", 3, "says n_layer 3, the graph has 2 layers"),
-    ("n_head", 2, "says n_head 2, the graph has 4"),
-    ("head_dim", 16, "says head_dim 16, the graph has 8"),
-    ("vocab_size", 50000, "says vocab_size 50000, the graph has 50257"),
-    ("context_length", 1024, "does not run at position 1023 (gptedge.json says context_length 1024)"),
-])
-def test_manifest_graph_mismatch(runner, gpt2_model_dir, tmp_path, field, value, says):
-    bad = tmp_path / "m"
-    shutil.copytree(gpt2_model_dir, bad)
-    manifest = json.loads((bad / "gptedge.json").read_text())
-    manifest["shape"][field] = value
-    if field == "n_layer":
-        manifest["inputs"] = manifest["outputs"] = []
-    (bad / "gptedge.json").write_text(json.dumps(manifest))
-    assert says in one_line_error(runner.invoke(main, ["info", str(bad)]))
-
-
-def test_names_in_manifest_must_match_graph(runner, gpt2_model_dir, tmp_path):
-    bad = tmp_path / "m"
-    shutil.copytree(gpt2_model_dir, bad)
-    manifest = json.loads((bad / "gptedge.json").read_text())
-    manifest["inputs"] = manifest["inputs"] + ["past_key_values.2.key"]
-    (bad / "gptedge.json").write_text(json.dumps(manifest))
-    line = one_line_error(runner.invoke(main, ["info", str(bad)]))
-    assert "graph does not match gptedge.json" in line and "past_key_values.2.key" in line
-
-
-def test_missing_manifest_of_a_gptedge_dir(runner, gpt2_model_dir, tmp_path):
-    bad = tmp_path / "m"
-    shutil.copytree(gpt2_model_dir, bad)
-    (bad / "gptedge.json").unlink()
-    assert "no gptedge.json, yet gptedge wrote this graph" in one_line_error(runner.invoke(main, ["info", str(bad)]))
-
-
-def test_missing_tokenizer(runner, gpt2_model_dir, tmp_path):
-    bad = tmp_path / "m"
-    shutil.copytree(gpt2_model_dir, bad)
-    (bad / "tokenizer.json").unlink()
-    assert "no tokenizer.json" in one_line_error(runner.invoke(main, ["generate", str(bad), "-p", "Hi"]))
-
-
-def test_unknown_device(runner, gpt2_model_dir):
-    line = one_line_error(runner.invoke(main, ["generate", str(gpt2_model_dir), "-p", "x", "--device", "tpu"]))
-    assert "unknown device 'tpu'" in line
-
-
-def test_missing_cuda_provider(runner, gpt2_model_dir):
-    from gptedge.runtime.session import CUDA_PROVIDER, available_providers
-
-    if CUDA_PROVIDER in available_providers():
-        pytest.skip("this machine has the CUDA provider")
-    line = one_line_error(runner.invoke(main, ["generate", str(gpt2_model_dir), "-p", "x", "--device", "cuda"]))
-    assert "needs the CUDA execution provider" in line and "gptedge[gpu]" in line
-
-
-def test_missing_onnxruntime_hint(monkeypatch):
-    import builtins
-
-    from gptedge.runtime.errors import MissingRuntimeError
-    from gptedge.runtime.session import import_onnxruntime
-
-    real_import = builtins.__import__
-
-    def no_ort(name, *args, **kwargs):
-        if name == "onnxruntime":
-            raise ImportError("No module named 'onnxruntime'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_ort)
-    with pytest.raises(MissingRuntimeError, match=r"pip install 'gptedge\[cpu\]' \(or 'gptedge\[gpu\]'"):
-        import_onnxruntime()
-
-
-def test_prompt_longer_than_context(runner, gpt2_model_dir):
-    line = one_line_error(runner.invoke(main, ["generate", str(gpt2_model_dir), "-p", "word " * 200]))
-    assert "context holds 128" in line
-
-
-@pytest.mark.parametrize("args, word", [
-    (["--top-p", "0"], "top_p"), (["--temperature", "-1"], "temperature"), (["--top-k", "-1"], "top_k"),
-    (["--repetition-penalty", "0"], "repetition_penalty"), (["-n", "0"], "max_new_tokens"),
-])
-def test_bad_sampling_values(runner, gpt2_model_dir, args, word):
-    line = one_line_error(runner.invoke(main, ["generate", str(gpt2_model_dir), "-p", "Hi", *args]))
-    assert word in line
-
-
-def test_export_refuses_existing_output_and_keeps_it(runner, gpt2_checkpoint, tmp_path):
+    parity = NS(graph_vs_reference=NS(max_abs_diff=0.0, output="logits", step="prefill", top1_agreement=1.0),
+                greedy_vs_reference=NS(tokens_compared=1, prompts=1))
+    export = Calls(NS(parity=parity))
+    monkeypatch.setattr(exporter, "export_checkpoint", export)
     out = tmp_path / "m"
     out.mkdir()
-    (out / "precious.txt").write_text("keep me")
-    line = one_line_error(runner.invoke(main, ["export", str(gpt2_checkpoint), "-o", str(out)]))
-    assert "exists; pass --force" in line
-    assert (out / "precious.txt").read_text() == "keep me"
+    (out / "gptedge.json").write_text("{}")
+    args = ["export", str(gpt2_checkpoint), "-o", str(out)]
+    assert runner.invoke(main, [*args, "--force", "--opset", "18", "--plain-ops", "--graph", "kv_buffer",
+                                "--revision", "v2"]).exit_code == 0
+    assert runner.invoke(main, [*args[:-1], str(tmp_path / "new")]).exit_code == 0
+    assert [c[1] for c in export.calls] == [
+        dict(force=True, opset=18, fused=False, graph_variant="kv_buffer", revision="v2"),
+        dict(force=False, opset=17, fused=True, graph_variant="standard", revision=None)]
+    assert [c[0] for c in export.calls] == [(str(gpt2_checkpoint), str(out)),
+                                            (str(gpt2_checkpoint), str(tmp_path / "new"))]
 
 
-@pytest.mark.parametrize("breakage, message", [
-    ("no_config", "no config.json"), ("bad_json", "not valid JSON"), ("model_type", "model_type 'llama'"),
-    ("no_weights", "no model.safetensors or pytorch_model.bin"), ("corrupt_weights", "cannot read weights"),
-])
-def test_export_bad_checkpoint_writes_nothing(runner, gpt2_checkpoint, tmp_path, breakage, message):
-    src = tmp_path / "src"
-    shutil.copytree(gpt2_checkpoint, src)
-    if breakage == "no_config":
-        (src / "config.json").unlink()
-    elif breakage == "bad_json":
-        (src / "config.json").write_text("{")
-    elif breakage == "model_type":
-        cfg = json.loads((src / "config.json").read_text())
-        (src / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    elif breakage == "no_weights":
-        (src / "model.safetensors").unlink()
-    else:
-        (src / "model.safetensors").write_bytes(b"\x00" * 64)
-    line = one_line_error(runner.invoke(main, ["export", str(src), "-o", str(tmp_path / "out")]))
-    assert message in line
-    assert not (tmp_path / "out").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_path):
+    from types import SimpleNamespace as NS
+
+    import gptedge.quantize.quantizer as q
+
+    done = NS(parity=NS(vs_fp32=NS(top1_agreement=1.0, max_abs_logit_diff=0.0)), quantization=NS(quantized_nodes={}))
+    quantize = Calls(done)
+    monkeypatch.setattr(q, "quantize_model_dir", quantize)
+    (tmp_path / "cal.txt").write_text("calibration text", encoding="utf-8")
+    out = tmp_path / "q"
+    out.mkdir()
+    result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(out), "--method", "static",
+                                  "--per-tensor", "--block-size", "64", "--accuracy-level", "0",
+                                  "--quantize-attention", "--calibration", str(tmp_path / "cal.txt"),
+                                  "--calibration-sequences", "3", "--calibration-length", "16", "--force"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q2"), "--method", "dynamic"])
+    assert result.exit_code == 0, result.output
+    (first, second) = quantize.calls
+    assert first[0][:2] == (str(gpt2_model_dir), str(out))
+    recipe = first[0][2]
+    assert recipe == q.QuantizeRecipe(method="static", per_channel=False, block_size=64, accuracy_level=0,
+                                      quantize_attention=True, calibration_sequences=3, calibration_length=16)
+    assert first[1]["force"] is True and first[1]["calibration_text"] == "calibration text"
+    recipe = second[0][2]
+    assert recipe == q.QuantizeRecipe(method="dynamic", per_channel=True, block_size=32, accuracy_level=4,
+                                      quantize_attention=False, calibration_sequences=32, calibration_length=128)
+    assert second[1]["force"] is False and second[1]["calibration_text"] is None
+
+
+def test_eval_passes_every_option(runner, monkeypatch, captured_load, gpt2_model_dir, tmp_path):
+    import gptedge.runtime.evaluate as evaluate
+
+    load, _ = captured_load
+    ppl = Calls(evaluate.perplexity)
+    monkeypatch.setattr(evaluate, "perplexity", ppl)
+    (tmp_path / "t.txt").write_text("Hello world, it is a truth universally acknowledged", encoding="utf-8")
+    result = runner.invoke(main, ["eval", str(gpt2_model_dir), "--text", str(tmp_path / "t.txt"), "--stride", "3",
+                                  "--device", "cpu", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("perplexity ")
+    (model, ids, stride), _ = ppl.calls[0]
+    assert stride == 3 and ids == model.encode((tmp_path / "t.txt").read_text())
+    assert load.calls[0][1]["device"] == "cpu" and load.calls[0][1]["session"].threads == 1
+
+
+def test_compare_passes_every_option(runner, monkeypatch, captured_load, gpt2_model_dir, tmp_path):
+    import gptedge.runtime.compare as compare
+
+    load, _ = captured_load
+    run = Calls(compare.compare)
+    monkeypatch.setattr(compare, "compare", run)
+    (tmp_path / "t.txt").write_text("Hello world, it is a truth universally acknowledged " * 20, encoding="utf-8")
+    result = runner.invoke(main, ["compare", str(gpt2_model_dir), str(gpt2_model_dir), "--text",
+                                  str(tmp_path / "t.txt"), "--prompts", "2", "--new-tokens", "3", "--max-tokens", "40",
+                                  "--device", "cpu", "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    (models, ids), kw = run.calls[0]
+    assert len(models) == 2 and len(ids) == 40 and kw["prompts"] == 2 and kw["new_tokens"] == 3
+    assert [c[1]["device"] for c in load.calls] == ["cpu", "cpu"] and load.calls[0][1]["session"].threads == 1
+    assert len(json.loads(result.stdout)) == 2
+
+
+def test_bench_passes_every_option(runner, monkeypatch, gpt2_model_dir, gpt2_checkpoint):
+    import gptedge.peers
+    import gptedge.runtime.bench as bench
+    from gptedge.runtime.bench import BenchRow
+
+    ours = Calls(BenchRow("gptedge", 0.1, 0.01, 100.0, 50.0))
+    peers = Calls([BenchRow("peer", 0.1, 0.01, 100.0, 50.0)])
+    monkeypatch.setattr(bench, "bench_gptedge", ours)
+    monkeypatch.setattr(gptedge.peers, "bench_peers", peers)
+    result = runner.invoke(main, ["bench", str(gpt2_model_dir), "--prompt", "5", "--new", "7", "--batch", "2",
+                                  "--threads", "1", "--repeat", "2", "--peers", "torch,optimum", "--source",
+                                  str(gpt2_checkpoint), "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    (model, prompts, new, threads, repeat, device), _ = ours.calls[0]
+    assert (model, len(prompts), len(prompts[0]), new, threads, repeat, device) == (str(gpt2_model_dir), 2, 5, 7, 1, 2, "cpu")
+    (names, source, _, peer_prompts, new, threads, repeat), _ = peers.calls[0]
+    assert names == ["torch", "optimum"] and str(source) == str(gpt2_checkpoint) and peer_prompts == prompts
+    assert (new, threads, repeat) == (7, 1, 2)
+    setup = json.loads(result.stdout)["setup"]
+    assert setup["threads"] == 1 and setup["batch"] == 2 and setup["device"] == "cpu"
+    result = runner.invoke(main, ["bench", str(gpt2_model_dir), "--context", "20", "--new", "8"])
+    assert result.exit_code == 0, result.output
+    (_, prompts, new, *_), _ = ours.calls[1]
+    assert len(prompts[0]) == 12 and new == 8 and "| gptedge |" in result.stdout
+
+
+def test_info_passes_device(runner, captured_load, gpt2_model_dir):
+    load, _ = captured_load
+    assert runner.invoke(main, ["info", str(gpt2_model_dir), "--device", "cpu"]).exit_code == 0
+    assert runner.invoke(main, ["info", str(gpt2_model_dir)]).exit_code == 0
+    assert [c[1]["device"] for c in load.calls] == ["cpu", "auto"]
+
+
+def test_verbose_logs_progress(gpt2_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    quiet, loud = (subprocess.run([sys.executable, "-m", "gptedge.cli", *flag, "info", str(gpt2_model_dir)],
+                                  capture_output=True, text=True, cwd=tmp_path) for flag in ([], ["-v"]))
+    assert quiet.returncode == loud.returncode == 0
+    assert "INFO gptedge" not in quiet.stderr and "INFO gptedge.runtime" in loud.stderr
+
+
+def test_every_option_is_tested():
+    """Each command's options appear in these tests (--markdown / --plot: the real compare run in test_eval_compare)."""
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    source = (here / "test_cli.py").read_text() + (here / "test_eval_compare.py").read_text()
+    for name, command in main.commands.items():
+        for param in command.params:
+            if isinstance(param, __import__("click").Option):
+                assert any(f"\"{opt}\"" in source for opt in param.opts + param.secondary_opts), (name, param.opts)

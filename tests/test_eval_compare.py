@@ -42,13 +42,22 @@ def test_eval_perplexity_equals_reference(gpt2_loaded, gpt2_checkpoint):
     assert abs(got.perplexity / want - 1) <= 1e-4, (got.perplexity, want)
 
 
-def test_eval_cli_json(gpt2_model_dir, tmp_path):
+@pytest.mark.parametrize("stride", [None, 48])
+def test_eval_cli_json(gpt2_model_dir, gpt2_checkpoint, gpt2_loaded, tmp_path, stride):
+    """The command's figures against the PyTorch oracle (with --stride, and the default: half the context)."""
+    from gptedge.export.checkpoint import load_checkpoint
+
     text = tmp_path / "t.txt"
     text.write_text(EXCERPT.read_text(encoding="utf-8")[:3000], encoding="utf-8")
-    result = CliRunner().invoke(main, ["eval", str(gpt2_model_dir), "--text", str(text), "--json"])
+    args = ["eval", str(gpt2_model_dir), "--text", str(text), "--json"] + (["--stride", str(stride)] if stride else [])
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
-    assert out["tokens"] > 500 and out["perplexity"] > 1 and out["tokens_per_s"] > 0
+    ids = gpt2_loaded.encode(text.read_text(encoding="utf-8"))
+    want = reference_perplexity(load_checkpoint(gpt2_checkpoint)[0], ids, 128, stride or 64)
+    assert out["tokens"] == len(ids) - 1 and out["tokens_per_s"] > 0
+    assert abs(out["perplexity"] / want - 1) <= 1e-4, (out["perplexity"], want)
+    assert out["nll"] == pytest.approx(np.log(want), rel=1e-4)
 
 
 def test_compare_cli_table_json_markdown_plot(gpt2_model_dir, tmp_path):

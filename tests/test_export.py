@@ -96,6 +96,7 @@ def test_existing_output_kept_without_force_and_replaced_with_it(tmp_path):
     out = tmp_path / "m"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    (out / "gptedge.json").write_text("{}")  # --force replaces only what gptedge wrote (test_bad_invocations)
     with pytest.raises(OutputExistsError, match="exists; pass --force"):
         export_model(ref, out, validate=False)
     assert (out / "keep.txt").read_text() == "mine"

@@ -167,7 +167,7 @@ def test_calibration_text_too_short(gpt2_model_dir, tmp_path):
 def test_calibration_length_beyond_context_refused_before_any_work(gpt2_model_dir, tmp_path):
     """It used to be clamped to the context while the manifest recorded the value asked for."""
     text = EXCERPT.read_text(encoding="utf-8")[:20000]
-    with pytest.raises(QuantizationError, match=r"--calibration-length 1000 is out of range: choose 2\.\.128"):
+    with pytest.raises(InvalidArgumentError, match=r"--calibration-length 1000 is out of range: choose 2\.\.128"):
         quantize_model_dir(gpt2_model_dir, tmp_path / "s", QuantizeRecipe("static", calibration_length=1000),
                            calibration_text=text, progress=lambda i, n: pytest.fail("calibration started"))
     assert list(tmp_path.iterdir()) == []
@@ -234,14 +234,14 @@ def test_unknown_method():
 
 def test_cli_quantize_errors_are_one_line(gpt2_model_dir, quantized_dirs, tmp_path):
     runner = CliRunner()
-    for args, message in [
-        (["--method", "int3"], "unknown method 'int3'"),
-        (["--method", "static"], "needs --calibration"),
-        (["--method", "weight-only", "--block-size", "24"], "power of two"),
-        (["--method", "static", "--calibration", str(EXCERPT), "--calibration-length", "1000"], "choose 2..128"),
+    for args, message, code in [  # 2: the command line is wrong (test_bad_invocations)
+        (["--method", "int3"], "'int3' is not one of", 2),
+        (["--method", "static"], "needs --calibration", 2),
+        (["--method", "weight-only", "--block-size", "24"], "power of two", 2),
+        (["--method", "static", "--calibration", str(EXCERPT), "--calibration-length", "1000"], "choose 2..128", 2),
     ]:
         result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"), *args])
-        assert result.exit_code == 1 and result.output.strip().splitlines()[-1].startswith("Error: ")
+        assert result.exit_code == code and result.output.strip().splitlines()[-1].startswith("Error: ")
         assert message in result.output
     result = runner.invoke(main, ["quantize", str(quantized_dirs["static"][1]), "-o", str(tmp_path / "x"),
                                   "--method", "dynamic"])
