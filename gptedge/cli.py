@@ -325,5 +325,8 @@ def info(model: str, device: str) -> None:
                            "genai_ready": genai.ready, "genai": genai.reason}, indent=2))
 
 
+from gptedge.serve.command import serve  # noqa: E402  (its own module; starlette/uvicorn load inside it)
+main.add_command(serve)
+
 if __name__ == "__main__":
     main()

@@ -15,5 +15,5 @@ echo "setting up $VENV (torch CPU, onnxruntime, transformers, optimum-onnx) ..."
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip >&2
 "$VENV/bin/python" -m pip install -q torch==2.13.0 >&2
-"$VENV/bin/python" -m pip install -q -e ".[cpu,export,plot,test]" >&2
+"$VENV/bin/python" -m pip install -q -e ".[cpu,export,plot,serve,test]" >&2
 echo "$WANT" > "$STAMP"

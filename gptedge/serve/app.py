@@ -1,0 +1,328 @@
+"""The HTTP routes: parse, validate, submit to the engine, and send its events back (JSON or Server-Sent Events).
+
+The engine thread owns the session; this module never runs the model. Engine events arrive on the engine
+thread and are handed to the event loop with `call_soon_threadsafe`. Each route watches its client: one
+that goes away (mid-stream, or while waiting for a whole completion) has its engine requests cancelled,
+which frees their batch rows at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from gptedge.runtime.engine import (FINISH_CANCELLED, FINISH_ERROR, CompletionRequest, Engine, EngineStoppedError,
+                                    QueueFullError, TokenEvent)
+from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
+from gptedge.runtime.generation import check_prompts
+
+from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
+                            parse_completion_request)
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1  # what a 429 asks a client to wait: about the time a batch row takes to come free
+
+
+@dataclass
+class ServeState:
+    engine: Engine
+    model: object  # LoadedModel: its tokenizer and manifest only
+    name: str  # the model id clients send and /v1/models lists
+    max_tokens_limit: int
+    api_key: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    stopping: bool = False  # set on SIGTERM: /health turns 503 and new completions are refused
+    http_counts: Counter = field(default_factory=Counter)  # (path, status) -> requests answered
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the response was complete."""
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class Job:
+    """One completion's engine requests (one per prompt), and their events as (index, TokenEvent) on the loop."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.loop = engine, asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
+        self.handles = []
+
+    def submit(self, requests: list[CompletionRequest]) -> None:
+        """All or nothing: when one is refused (queue full, shutting down) those already queued are cancelled."""
+        try:
+            for i, r in enumerate(requests):
+                self.handles.append(self.engine.submit(r, functools.partial(self._on_event, i)))
+        except BaseException:
+            self.cancel()
+            raise
+
+    def _on_event(self, index: int, event: TokenEvent) -> None:  # on the engine thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            pass
+
+    def cancel(self) -> None:
+        for h in self.handles:
+            h.cancel()
+
+    async def events(self, gone: asyncio.Future) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """Every event until each request has finished; ClientGone as soon as `gone` completes."""
+        remaining = len(self.handles)
+        while remaining:
+            if self.queue.empty():
+                get = asyncio.ensure_future(self.queue.get())
+                await asyncio.wait((get, gone), return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    raise ClientGone()
+                item = get.result()
+            else:
+                item = self.queue.get_nowait()
+            remaining -= item[1].finish_reason is not None
+            yield item
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has gathered so far."""
+
+    echo: str  # the prompt's text when echo is on, else ""
+    logprobs: Logprobs | None
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+
+    def take(self, event: TokenEvent, token_text, top_n: int | None) -> Logprobs | None:
+        """Add one event -> the logprobs entry it adds (None when logprobs are off or it has no token)."""
+        entry = None
+        if self.logprobs is not None and event.token_id is not None:
+            entry = Logprobs()
+            top = {token_text(t): lp for t, lp in list((event.top_logprobs or {}).items())[:top_n]}
+            entry.add(token_text(event.token_id), event.logprob, top, len(self.echo) + len(self.text))
+            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                getattr(self.logprobs, name).extend(getattr(entry, name))
+        self.text += event.text
+        if event.finish_reason is not None:
+            self.finish_reason = event.finish_reason
+            self.completion_tokens = len(event.generation.ids) if event.generation is not None else 0
+        return entry
+
+
+def _failure(event: TokenEvent) -> ApiError | None:
+    if event.finish_reason == FINISH_CANCELLED:
+        return ApiError(503, "the server shut down before this completion finished", "server_error",
+                        code="shutting_down")
+    if event.finish_reason == FINISH_ERROR:
+        return ApiError(500, f"generation failed: {event.error}", "server_error")
+    return None
+
+
+class EventStream:
+    """A raw ASGI response sending Server-Sent Events; it owns the job and cancels it however it ends."""
+
+    def __init__(self, job: Job, chunks):
+        self.job, self.chunks = job, chunks  # chunks(gone) -> async iterator of data strings
+
+    async def __call__(self, scope, receive, send) -> None:
+        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+            async for data in self.chunks(gone):
+                await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (ClientGone, OSError):
+            log.info("client went away mid-stream; its requests are cancelled")
+        finally:
+            gone.cancel()
+            self.job.cancel()
+
+
+def create_app(state: ServeState) -> Starlette:
+    model, engine = state.model, state.engine
+    tokenizer = model.tokenizer
+    context = model.manifest.shape.context_length
+
+    @functools.lru_cache(maxsize=65536)
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def authorize(request: Request) -> None:
+        if state.api_key is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
+            raise ApiError(401, "missing or incorrect API key: send 'Authorization: Bearer KEY'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def check_model(name: str) -> None:
+        if name != state.name:
+            raise ApiError(404, f"the model '{name}' does not exist; this server serves '{state.name}'",
+                           param="model", code="model_not_found")
+
+    def prompt_ids(params: CompletionParams) -> list[list[int]]:
+        ids = [model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
+        vocab = model.manifest.shape.vocab_size
+        try:
+            for p in ids:
+                wrong = next((i for i in p if not 0 <= i < vocab), None)
+                if wrong is not None:
+                    raise InvalidArgumentError(f"token id {wrong} is outside the vocabulary (0..{vocab - 1})")
+            check_prompts(ids, params.max_tokens, context)
+        except PromptTooLongError as e:
+            raise ApiError(400, f"{e}; shorten the prompt", param="prompt", code="context_length_exceeded") from None
+        except InvalidArgumentError as e:
+            raise ApiError(400, str(e), param="prompt") from None
+        return ids
+
+    def submit(params: CompletionParams, ids: list[list[int]]) -> Job:
+        if state.stopping:
+            raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down")
+        top = None if params.logprobs is None else max(params.logprobs, 1)  # the engine reports logprobs with N >= 1
+        job = Job(engine)
+        try:
+            job.submit([CompletionRequest(tuple(p), params.max_tokens, params.sampling, params.stop, top or 0,
+                                          params.ignore_eos) for p in ids])
+        except QueueFullError as e:
+            raise ApiError(429, f"the server is busy ({e}); retry shortly", "rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except EngineStoppedError:
+            raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down") from None
+        return job
+
+    async def completions(request: Request) -> Response:
+        authorize(request)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+        params = parse_completion_request(body, state.max_tokens_limit)
+        check_model(params.model)
+        ids = prompt_ids(params)
+        choices = [ChoiceState(model.decode(p) if params.echo else "",
+                               Logprobs() if params.logprobs is not None else None) for p in ids]
+        job = submit(params, ids)
+        out = Completion(state.name)
+        if params.stream:
+            return EventStream(job, functools.partial(stream_chunks, job, params, choices, out, ids))
+        gone = asyncio.ensure_future(_wait_disconnect(request.receive))
+        try:
+            async for i, event in job.events(gone):
+                if (failure := _failure(event)) is not None:
+                    raise failure
+                choices[i].take(event, token_text, params.logprobs)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the access log shows the client left
+        finally:
+            gone.cancel()
+            job.cancel()
+        return JSONResponse(out.response(
+            [choice(i, c.echo + c.text, c.finish_reason, c.logprobs) for i, c in enumerate(choices)],
+            sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
+
+    async def stream_chunks(job: Job, params: CompletionParams, choices: list[ChoiceState], out: Completion,
+                            ids: list[list[int]], gone) -> AsyncIterator[str]:
+        for i, c in enumerate(choices):
+            if c.echo:
+                yield _dumps(out.chunk(i, c.echo))
+        async for i, event in job.events(gone):
+            if (failure := _failure(event)) is not None:
+                yield _dumps(failure.body())  # the openai client raises APIError on it
+                return
+            entry = choices[i].take(event, token_text, params.logprobs)
+            if event.text or entry is not None or event.finish_reason is not None:
+                yield _dumps(out.chunk(i, event.text, event.finish_reason, entry))
+        if params.include_usage:
+            yield _dumps(out.usage_chunk(sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
+        yield "[DONE]"
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [model_card(state.name, state.created)]})
+
+    async def one_model(request: Request) -> Response:
+        authorize(request)
+        check_model(request.path_params["model"])
+        return JSONResponse(model_card(state.name, state.created))
+
+    async def health(request: Request) -> Response:
+        if state.stopping:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": state.name})
+
+    async def metrics(request: Request) -> Response:
+        lines = ["# HELP gptedge_http_requests_total HTTP requests answered, by path and status.",
+                 "# TYPE gptedge_http_requests_total counter"]
+        lines += [f'gptedge_http_requests_total{{path="{p}",status="{s}"}} {n}'
+                  for (p, s), n in sorted(state.http_counts.items())]
+        return PlainTextResponse("\n".join(lines + engine.metrics.render()) + "\n",
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return JSONResponse(error_body(str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
+
+    app = Starlette(
+        routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models),
+                Route("/v1/models/{model:path}", one_model), Route("/health", health), Route("/metrics", metrics)],
+        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
+    )
+    return CountRequests(app, state.http_counts)
+
+
+class CountRequests:
+    """ASGI middleware counting answered requests by (path, status) for /metrics."""
+
+    PATHS = ("/v1/completions", "/v1/models", "/health", "/metrics")
+
+    def __init__(self, app, counts: Counter):
+        self.app, self.counts = app, counts
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        label = path if path in self.PATHS else "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
+        status = 500
+
+        async def send_counting(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counting)
+        finally:
+            self.counts[(label, status)] += 1
