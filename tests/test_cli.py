@@ -257,11 +257,12 @@ def test_verbose_logs_progress(gpt2_model_dir, tmp_path):
 
 
 def test_every_option_is_tested():
-    """Each command's options appear in these tests (--markdown / --plot: the real compare run in test_eval_compare)."""
+    """Each command's options appear in these tests (--markdown / --plot: the real compare run in test_eval_compare;
+    serve: the real server in test_serve)."""
     from pathlib import Path
 
     here = Path(__file__).parent
-    source = (here / "test_cli.py").read_text() + (here / "test_eval_compare.py").read_text()
+    source = "".join((here / name).read_text() for name in ("test_cli.py", "test_eval_compare.py", "test_serve.py"))
     for name, command in main.commands.items():
         for param in command.params:
             if isinstance(param, __import__("click").Option):

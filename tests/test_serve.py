@@ -25,6 +25,7 @@ KEY = "test-key"
 NAME = "tiny"
 MAX_BATCH, MAX_QUEUE = 4, 24
 CONTEXT = 512  # room for a generation long enough that a client surely leaves before it ends
+TOKENS_LIMIT = CONTEXT - 8  # --max-tokens-limit: above every test's own max_tokens
 
 
 class Server:
@@ -93,7 +94,8 @@ def solo(serve_model_dir):
 @pytest.fixture(scope="module")
 def server(serve_model_dir, tmp_path_factory):
     s = start_server(serve_model_dir, tmp_path_factory.mktemp("log") / "serve.log", "--api-key", KEY,
-                     "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE))
+                     "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE), "--host", "127.0.0.1",
+                     "--device", "cpu", "--max-tokens-limit", str(TOKENS_LIMIT))
     try:
         yield s
     finally:
@@ -257,6 +259,7 @@ def _error(response: httpx.Response, status: int) -> dict:
     ({"top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": CONTEXT + 1}, "max_tokens"),
+    ({"max_tokens": TOKENS_LIMIT + 1}, "max_tokens"),  # --max-tokens-limit
     ({"prompt": []}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": [50257]}, "prompt"),
