@@ -88,6 +88,20 @@ def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, grap
          f"greedy {greedy.tokens_compared} tokens identical over {greedy.prompts} prompts")
 
 
+def _print_beams(loaded, prompt: str, max_new_tokens: int, beams, as_json: bool) -> None:
+    """Beam search: every returned sequence, best first (its text on stdout, its score on stderr)."""
+    result = loaded.beam_search([prompt], max_new_tokens, beams.num_beams, beams.length_penalty, beams.early_stopping,
+                                beams.num_return_sequences)[0]
+    if as_json:
+        click.echo(json.dumps({"prompt": prompt, "prompt_ids": result.prompt_ids, "sequences": [
+            {"ids": ids, "text": text, "score": score}
+            for ids, text, score in zip(result.sequences, result.texts, result.scores)]}, ensure_ascii=False))
+        return
+    for k, (text, score) in enumerate(zip(result.texts, result.scores)):
+        diag(f"beam {k + 1} of {len(result.texts)}: score {score:.4f}")
+        click.echo(text)
+
+
 def _sampling_options(fn):
     for opt in reversed([
         click.option("-n", "--max-new-tokens", default=64, show_default=True, type=count(1)),
@@ -110,17 +124,34 @@ def _sampling_options(fn):
 @click.argument("model", required=False, type=click.Path(path_type=str))
 @click.option("-p", "--prompt", required=True, callback=utf8_text, help="Text to continue (valid UTF-8).")
 @_sampling_options
+@click.option("--num-beams", default=1, show_default=True, type=count(1),
+              help="Beam search over N beams (as transformers' generate(num_beams=N)); 1: sample or greedy.")
+@click.option("--length-penalty", default=1.0, show_default=True, type=float,
+              help="Beams: scores are log-probability sums / length ** this.")
+@click.option("--early-stopping", type=click.Choice(["false", "true", "never"]), default="false", is_flag=False,
+              flag_value="true", show_default=True, help="Beams: stop once N hypotheses are done (true), or never early.")
+@click.option("--num-return-sequences", default=1, show_default=True, type=count(1),
+              help="Beams: how many of the best sequences to print (<= --num-beams).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: float, temperature: float,
              repetition_penalty: float, seed: int | None, greedy: bool, stop: tuple[str, ...], device: str,
-             threads: int, as_json: bool) -> None:
+             threads: int, num_beams: int, length_penalty: float, early_stopping: str, num_return_sequences: int,
+             as_json: bool) -> None:
     """Continue PROMPT with the model in MODEL (default: the shipped sample model); text on stdout, timings on stderr."""
     from gptedge.runtime import SessionConfig, load
+    from gptedge.runtime.beam_search import BeamOptions
     from gptedge.runtime.sampling import SamplingParams
 
     sampling = dict(top_k=top_k, top_p=top_p, temperature=temperature, repetition_penalty=repetition_penalty,
                     seed=seed, greedy=greedy)
     SamplingParams(**sampling)  # refuse bad values before loading anything
+    beams = BeamOptions(num_beams, length_penalty, {"true": True, "false": False}.get(early_stopping, early_stopping),
+                        num_return_sequences)
+    if num_beams == 1 and num_return_sequences > 1:
+        raise click.UsageError("--num-return-sequences needs --num-beams of at least as many")
+    if num_beams > 1 and (stop or sampling != dict(top_k=0, top_p=1.0, temperature=1.0, repetition_penalty=1.0,
+                                                   seed=None, greedy=False)):
+        raise click.UsageError("--num-beams takes no sampling options, repetition penalty or --stop")
     if model is None:
         from gptedge.sample import sample_model_dir
 
@@ -129,6 +160,8 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
     loaded = load(model, device=device, session=SessionConfig(threads=threads))
     loaded.tokenizer  # fail on a missing tokenizer before anything is printed
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
+    if num_beams > 1:
+        return _print_beams(loaded, prompt, max_new_tokens, beams, as_json)
     if as_json:
         result = loaded.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, **sampling)
         click.echo(json.dumps({"prompt": prompt, **result.to_dict()}, ensure_ascii=False))

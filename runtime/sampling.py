@@ -22,6 +22,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
+            if isinstance(getattr(self, name), bool):  # bool is an int to Python: top_k=True would mean greedy
+                raise InvalidArgumentError(f"{name} must be a number, got {getattr(self, name)!r}")
+        if not isinstance(self.greedy, bool):
+            raise InvalidArgumentError(f"greedy must be true or false, got {self.greedy!r}")
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
             raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:

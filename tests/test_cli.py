@@ -267,3 +267,22 @@ def test_every_option_is_tested():
         for param in command.params:
             if isinstance(param, __import__("click").Option):
                 assert any(f"\"{opt}\"" in source for opt in param.opts + param.secondary_opts), (name, param.opts)
+
+
+def test_generate_beam_options(runner, gpt2_model_dir, gpt2_loaded):
+    """--num-beams / --length-penalty / --early-stopping / --num-return-sequences reach beam search as given."""
+    args = ["generate", str(gpt2_model_dir), "-p", "Hello world", "-n", "10", "--json", "--device", "cpu"]
+    for extra, options in [
+        (["--num-beams", "3", "--num-return-sequences", "2"], dict(num_beams=3, num_return_sequences=2)),
+        (["--num-beams", "4", "--length-penalty", "-0.5", "--early-stopping", "never", "--num-return-sequences", "3"],
+         dict(num_beams=4, length_penalty=-0.5, early_stopping="never", num_return_sequences=3)),
+        (["--num-beams", "2", "--early-stopping"], dict(num_beams=2, early_stopping=True)),
+    ]:
+        result = runner.invoke(main, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        got = json.loads(result.output.strip().splitlines()[-1])["sequences"]
+        want = gpt2_loaded.beam_search(["Hello world"], 10, **options)[0]
+        assert [s["ids"] for s in got] == want.sequences and [s["score"] for s in got] == want.scores
+        assert [s["text"] for s in got] == want.texts
+    bad = runner.invoke(main, [*args, "--num-beams", "2", "--seed", "1"])
+    assert bad.exit_code == 2 and "takes no sampling options" in bad.output

@@ -60,3 +60,16 @@ def test_sampling_follows_distribution():
 def test_invalid_parameters_raise(kwargs, message):
     with pytest.raises(InvalidArgumentError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_booleans_are_not_numbers():
+    import pytest
+
+    from gptedge.runtime.errors import InvalidArgumentError
+    from gptedge.runtime.sampling import SamplingParams
+
+    for field in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
+        with pytest.raises(InvalidArgumentError, match=f"{field} must be a number, got True"):
+            SamplingParams(**{field: True})
+    with pytest.raises(InvalidArgumentError, match="greedy must be true or false"):
+        SamplingParams(greedy=1)

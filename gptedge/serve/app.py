@@ -163,48 +163,50 @@ class EventStream:
             self.job.cancel()
 
 
-def create_app(state: ServeState) -> Starlette:
-    model, engine = state.model, state.engine
-    tokenizer = model.tokenizer
-    context = model.manifest.shape.context_length
+class Api:
+    """The routes: parse and check a request, hand it to the engine, shape the answer (never the session)."""
 
-    @functools.lru_cache(maxsize=65536)
-    def token_text(token_id: int) -> str:
-        return tokenizer.decode([token_id], skip_special_tokens=False)
+    def __init__(self, state: ServeState):
+        self.state, self.model, self.engine = state, state.model, state.engine
+        self.context = state.model.manifest.shape.context_length
+        tokenizer = state.model.tokenizer
+        # a token's own text, for logprobs: cached, the same ids recur
+        self.token_text = functools.lru_cache(maxsize=65536)(
+            lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
 
-    def authorize(request: Request) -> None:
-        if state.api_key is None:
+    def authorize(self, request: Request) -> None:
+        if self.state.api_key is None:
             return
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.state.api_key.encode()):
             raise ApiError(401, "missing or incorrect API key: send 'Authorization: Bearer KEY'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
-    def check_model(name: str) -> None:
-        if name != state.name:
-            raise ApiError(404, f"the model '{name}' does not exist; this server serves '{state.name}'",
+    def check_model(self, name: str) -> None:
+        if name != self.state.name:
+            raise ApiError(404, f"the model '{name}' does not exist; this server serves '{self.state.name}'",
                            param="model", code="model_not_found")
 
-    def prompt_ids(params: CompletionParams) -> list[list[int]]:
-        ids = [model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
-        vocab = model.manifest.shape.vocab_size
+    def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
+        ids = [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
+        vocab = self.model.manifest.shape.vocab_size
         try:
             for p in ids:
                 wrong = next((i for i in p if not 0 <= i < vocab), None)
                 if wrong is not None:
                     raise InvalidArgumentError(f"token id {wrong} is outside the vocabulary (0..{vocab - 1})")
-            check_prompts(ids, params.max_tokens, context)
+            check_prompts(ids, params.max_tokens, self.context)
         except PromptTooLongError as e:
             raise ApiError(400, f"{e}; shorten the prompt", param="prompt", code="context_length_exceeded") from None
         except InvalidArgumentError as e:
             raise ApiError(400, str(e), param="prompt") from None
         return ids
 
-    def submit(params: CompletionParams, ids: list[list[int]]) -> Job:
-        if state.stopping:
+    def submit(self, params: CompletionParams, ids: list[list[int]]) -> Job:
+        if self.state.stopping:
             raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down")
         top = None if params.logprobs is None else max(params.logprobs, 1)  # the engine reports logprobs with N >= 1
-        job = Job(engine)
+        job = Job(self.engine)
         try:
             job.submit([CompletionRequest(tuple(p), params.max_tokens, params.sampling, params.stop, top or 0,
                                           params.ignore_eos) for p in ids])
@@ -215,27 +217,27 @@ def create_app(state: ServeState) -> Starlette:
             raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down") from None
         return job
 
-    async def completions(request: Request) -> Response:
-        authorize(request)
+    async def completions(self, request: Request) -> Response:
+        self.authorize(request)
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ApiError(400, "the request body is not valid JSON") from None
-        params = parse_completion_request(body, state.max_tokens_limit)
-        check_model(params.model)
-        ids = prompt_ids(params)
-        choices = [ChoiceState(model.decode(p) if params.echo else "",
+        params = parse_completion_request(body, self.state.max_tokens_limit)
+        self.check_model(params.model)
+        ids = self.prompt_ids(params)
+        choices = [ChoiceState(self.model.decode(p) if params.echo else "",
                                Logprobs() if params.logprobs is not None else None) for p in ids]
-        job = submit(params, ids)
-        out = Completion(state.name)
+        job = self.submit(params, ids)
+        out = Completion(self.state.name)
         if params.stream:
-            return EventStream(job, functools.partial(stream_chunks, job, params, choices, out, ids))
+            return EventStream(job, functools.partial(self.stream_chunks, job, params, choices, out, ids))
         gone = asyncio.ensure_future(_wait_disconnect(request.receive))
         try:
             async for i, event in job.events(gone):
                 if (failure := _failure(event)) is not None:
                     raise failure
-                choices[i].take(event, token_text, params.logprobs)
+                choices[i].take(event, self.token_text, params.logprobs)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the access log shows the client left
         finally:
@@ -245,7 +247,7 @@ def create_app(state: ServeState) -> Starlette:
             [choice(i, c.echo + c.text, c.finish_reason, c.logprobs) for i, c in enumerate(choices)],
             sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
 
-    async def stream_chunks(job: Job, params: CompletionParams, choices: list[ChoiceState], out: Completion,
+    async def stream_chunks(self, job: Job, params: CompletionParams, choices: list[ChoiceState], out: Completion,
                             ids: list[list[int]], gone) -> AsyncIterator[str]:
         for i, c in enumerate(choices):
             if c.echo:
@@ -254,48 +256,52 @@ def create_app(state: ServeState) -> Starlette:
             if (failure := _failure(event)) is not None:
                 yield _dumps(failure.body())  # the openai client raises APIError on it
                 return
-            entry = choices[i].take(event, token_text, params.logprobs)
+            entry = choices[i].take(event, self.token_text, params.logprobs)
             if event.text or entry is not None or event.finish_reason is not None:
                 yield _dumps(out.chunk(i, event.text, event.finish_reason, entry))
         if params.include_usage:
             yield _dumps(out.usage_chunk(sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
         yield "[DONE]"
 
-    async def models(request: Request) -> Response:
-        authorize(request)
-        return JSONResponse({"object": "list", "data": [model_card(state.name, state.created)]})
+    async def models(self, request: Request) -> Response:
+        self.authorize(request)
+        return JSONResponse({"object": "list", "data": [model_card(self.state.name, self.state.created)]})
 
-    async def one_model(request: Request) -> Response:
-        authorize(request)
-        check_model(request.path_params["model"])
-        return JSONResponse(model_card(state.name, state.created))
+    async def one_model(self, request: Request) -> Response:
+        self.authorize(request)
+        self.check_model(request.path_params["model"])
+        return JSONResponse(model_card(self.state.name, self.state.created))
 
-    async def health(request: Request) -> Response:
-        if state.stopping:
+    async def health(self, request: Request) -> Response:
+        if self.state.stopping:
             return JSONResponse({"status": "shutting down"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": state.name})
+        return JSONResponse({"status": "ok", "model": self.state.name})
 
-    async def metrics(request: Request) -> Response:
+    async def metrics(self, request: Request) -> Response:
         lines = ["# HELP gptedge_http_requests_total HTTP requests answered, by path and status.",
                  "# TYPE gptedge_http_requests_total counter"]
         lines += [f'gptedge_http_requests_total{{path="{p}",status="{s}"}} {n}'
-                  for (p, s), n in sorted(state.http_counts.items())]
-        return PlainTextResponse("\n".join(lines + engine.metrics.render()) + "\n",
+                  for (p, s), n in sorted(self.state.http_counts.items())]
+        return PlainTextResponse("\n".join(lines + self.engine.metrics.render()) + "\n",
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def api_error(request: Request, exc: ApiError) -> Response:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+async def api_error(request: Request, exc: ApiError) -> Response:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        return JSONResponse(error_body(str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    return JSONResponse(error_body(str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
 
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
+async def server_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
 
+
+def create_app(state: ServeState) -> Starlette:
+    api = Api(state)
     app = Starlette(
-        routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models),
-                Route("/v1/models/{model:path}", one_model), Route("/health", health), Route("/metrics", metrics)],
+        routes=[Route("/v1/completions", api.completions, methods=["POST"]), Route("/v1/models", api.models),
+                Route("/v1/models/{model:path}", api.one_model), Route("/health", api.health),
+                Route("/metrics", api.metrics)],
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
     )
     return CountRequests(app, state.http_counts)
