@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from gptedge.runtime.errors import InvalidArgumentError
 
+EMBEDDING_BITS_WITH_INT4 = 8  # chosen by KL on the sample model: README, "4-bit weight-only"
+
 
 @dataclass(frozen=True)
 class QuantizeRecipe:
@@ -19,12 +21,27 @@ class QuantizeRecipe:
     quantize_attention: bool = False  # dynamic / static: also quantize QK^T and PV (activation x activation)
     calibration_sequences: int = 32  # static
     calibration_length: int = 128  # static: tokens per sequence, at most the model's context
+    bits: int = 8  # weight-only: 8 or 4 bits per weight (dynamic / static: 8 only)
+    symmetric: bool = True  # weight-only 4-bit: zero point 8 (else a 4-bit zero point per block)
+    # weight-only: bits of the tied embedding / LM head; None: 8 for 8-bit recipes,
+    # EMBEDDING_BITS_WITH_INT4 for 4-bit ones. Filled in, so the manifest records it.
+    embedding_bits: int | None = None
 
     def __post_init__(self) -> None:
-        from .methods import method_names
+        from .methods import method, method_names
 
         if self.method not in method_names():
             raise InvalidArgumentError(f"unknown method {self.method!r}: choose {', '.join(method_names())}")
+        m = method(self.method)
+        if self.embedding_bits is None:
+            object.__setattr__(self, "embedding_bits", EMBEDDING_BITS_WITH_INT4 if self.bits == 4 else self.bits)
+        for what, value in (("bits", self.bits), ("embedding bits", self.embedding_bits)):
+            if value not in m.bits:
+                raise InvalidArgumentError(f"{what} {value} does not apply to {self.method}: it stores "
+                                           f"{' or '.join(map(str, sorted(m.bits)))}-bit weights")
+        if not self.symmetric and not (m.asymmetric and 4 in (self.bits, self.embedding_bits)):
+            raise InvalidArgumentError(f"asymmetric applies to 4-bit weight-only blocks, not {self.bits}-bit "
+                                       f"{self.method}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise InvalidArgumentError(f"block size must be a power of two >= 16, got {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
