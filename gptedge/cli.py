@@ -187,8 +187,8 @@ def quantize(model: str, out: str, method: str, per_channel: bool, block_size: i
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
                                     progress=progress("calibrating"))
     check = manifest.parity.vs_fp32
-    q8 = manifest.quantization
-    diag(f"quantized {model} -> {out} ({q8.label}): {sum(q8.quantized_nodes.values())} nodes "
+    widths = "" if recipe.bits == 8 else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
+    diag(f"quantized {model} -> {out} ({method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} nodes "
          f"quantized; vs fp32 on seeded ids: top-1 {check.top1_agreement:.2%}, "
          f"max |logit diff| {check.max_abs_logit_diff:.3g}")
 

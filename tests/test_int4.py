@@ -211,4 +211,4 @@ def test_cli_int4_options(gpt2_model_dir, tmp_path):
                                   "weight-only", "--bits", "4", "--asymmetric", "--embedding-bits", "4"])
     assert result.exit_code == 0, result.output
     q = read_manifest(tmp_path / "ok").quantization
-    assert (q.bits, q.symmetric, q.embedding_bits) == (4, False, 4) and "int4 b32 asym" in result.output
+    assert (q.bits, q.symmetric, q.embedding_bits) == (4, False, 4) and "4-bit, embedding 4-bit" in result.output
