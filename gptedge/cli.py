@@ -154,7 +154,7 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
 @click.option("--bits", type=click.Choice(["8", "4"]), default=None,
               help="Weight-only: bits per linear weight (MatMulNBits).  [default: 8]")
 @click.option("--symmetric/--asymmetric", default=None,
-              help="Weight-only 4-bit: zero point 8, or a 4-bit zero point per block.  [default: symmetric]")
+              help="Weight-only 4-bit: zero point 8, or a 4-bit zero point per block.  [default: asymmetric]")
 @click.option("--embedding-bits", type=click.Choice(["8", "4"]), default=None,
               help="Weight-only: bits of the tied embedding / LM head.  [default: 8]")
 @click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products).")
@@ -182,7 +182,7 @@ def quantize(model: str, out: str, method: str, per_channel: bool, block_size: i
     recipe = q.QuantizeRecipe(method=method, per_channel=per_channel, block_size=block_size,
                               accuracy_level=accuracy_level, quantize_attention=quantize_attention,
                               calibration_sequences=calibration_sequences, calibration_length=calibration_length,
-                              bits=int(bits or 8), symmetric=symmetric is not False,
+                              bits=int(bits or 8), symmetric=symmetric,
                               embedding_bits=int(embedding_bits) if embedding_bits else None)
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
                                     progress=progress("calibrating"))

@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from gptedge.runtime.errors import InvalidArgumentError
 
-EMBEDDING_BITS_WITH_INT4 = 8  # chosen by KL on the sample model: README, "4-bit weight-only"
+# 4-bit defaults, chosen by KL(fp32||int4) on the sample model's held-out excerpt (README, "4-bit weight-only"):
+# an 8-bit tied embedding / LM head halves to quarters the KL for +1 MB; asymmetric blocks of 32 were best.
+EMBEDDING_BITS_WITH_INT4 = 8
+SYMMETRIC_WITH_INT4 = False
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,9 @@ class QuantizeRecipe:
     calibration_sequences: int = 32  # static
     calibration_length: int = 128  # static: tokens per sequence, at most the model's context
     bits: int = 8  # weight-only: 8 or 4 bits per weight (dynamic / static: 8 only)
-    symmetric: bool = True  # weight-only 4-bit: zero point 8 (else a 4-bit zero point per block)
+    # weight-only 4-bit: True, zero point 8; False, a 4-bit zero point per block. None: False for 4-bit
+    # recipes (SYMMETRIC_WITH_INT4), True otherwise (8-bit blocks are symmetric). Filled in.
+    symmetric: bool | None = None
     # weight-only: bits of the tied embedding / LM head; None: 8 for 8-bit recipes,
     # EMBEDDING_BITS_WITH_INT4 for 4-bit ones. Filled in, so the manifest records it.
     embedding_bits: int | None = None
@@ -35,6 +40,9 @@ class QuantizeRecipe:
         m = method(self.method)
         if self.embedding_bits is None:
             object.__setattr__(self, "embedding_bits", EMBEDDING_BITS_WITH_INT4 if self.bits == 4 else self.bits)
+        if self.symmetric is None:
+            four = 4 in (self.bits, self.embedding_bits)
+            object.__setattr__(self, "symmetric", SYMMETRIC_WITH_INT4 if four else True)
         for what, value in (("bits", self.bits), ("embedding bits", self.embedding_bits)):
             if value not in m.bits:
                 raise InvalidArgumentError(f"{what} {value} does not apply to {self.method}: it stores "

@@ -161,7 +161,7 @@ def test_int4_embedding_unpacks_nibbles_and_shrinks(gpt2_model_dir, tmp_path):
     quantize_model_dir(gpt2_model_dir, tmp_path / "w8", QuantizeRecipe("weight-only"))
     model = onnx.load(str(tmp_path / "e4" / "model.onnx"))
     ops = Counter(n.op_type for n in model.graph.node)
-    assert ops["BitShift"] == 2 and ops["MatMulNBits"] == 4 * 2 + 1
+    assert ops["BitShift"] == 4 and ops["MatMulNBits"] == 4 * 2 + 1  # weight rows and zero points
     tied = next(t for t in model.graph.initializer if tuple(t.dims) == (50257, 1, 16))  # (V, C/bs, bs/2)
     assert sorted(n.op_type for n in model.graph.node if tied.name in n.input) == ["Gather", "MatMulNBits"]
     size = {d: (tmp_path / d / "model.onnx").stat().st_size for d in ("e4", "e8", "w8")}
@@ -187,8 +187,9 @@ def test_recipe_refusals(gpt2_model_dir, tmp_path):
                             (dict(method="weight-only", symmetric=False), "asymmetric applies to 4-bit")]:
         with pytest.raises(InvalidArgumentError, match=message):
             QuantizeRecipe(**kwargs)
-    assert QuantizeRecipe("weight-only", bits=4).embedding_bits == 8
-    assert QuantizeRecipe("dynamic").embedding_bits == 8
+    default4 = QuantizeRecipe("weight-only", bits=4)  # the defaults chosen by KL on the sample model (README)
+    assert (default4.block_size, default4.symmetric, default4.embedding_bits) == (32, False, 8)
+    assert (QuantizeRecipe("weight-only").symmetric, QuantizeRecipe("dynamic").embedding_bits) == (True, 8)
     with pytest.raises(QuantizationError, match="not a multiple of block size 64"):
         quantize_model_dir(gpt2_model_dir, tmp_path / "x", QuantizeRecipe("weight-only", bits=4, block_size=64))
     assert not (tmp_path / "x").exists()
