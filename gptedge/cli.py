@@ -184,6 +184,12 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
 @click.option("--accuracy-level", default=4, show_default=True, type=click.IntRange(0, 4),
               help="Weight-only: 4 quantizes activations per block inside the kernel (fast); 0 keeps them "
                    "float (slightly more exact, far slower on CPU).")
+@click.option("--bits", type=click.Choice(["8", "4"]), default=None,
+              help="Weight-only: bits per linear weight (MatMulNBits).  [default: 8]")
+@click.option("--symmetric/--asymmetric", default=None,
+              help="Weight-only 4-bit: zero point 8, or a 4-bit zero point per block.  [default: asymmetric]")
+@click.option("--embedding-bits", type=click.Choice(["8", "4"]), default=None,
+              help="Weight-only: bits of the tied embedding / LM head.  [default: 8]")
 @click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products).")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=str),
               help="Static (required): calibration text file (UTF-8).")
@@ -191,21 +197,31 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
 @click.option("--calibration-length", default=128, show_default=True, type=count(1), help="Tokens per sequence.")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def quantize(model: str, out: str, method: str, per_channel: bool, block_size: int, accuracy_level: int,
-             quantize_attention: bool, calibration: str | None, calibration_sequences: int, calibration_length: int,
-             force: bool) -> None:
-    """Write an INT8 variant of the fp32 model dir MODEL into OUT; the manifest records the recipe."""
+             bits: str | None, symmetric: bool | None, embedding_bits: str | None, quantize_attention: bool,
+             calibration: str | None, calibration_sequences: int, calibration_length: int, force: bool) -> None:
+    """Write an INT8 (or weight-only INT4) variant of the fp32 model dir MODEL into OUT; the manifest records
+    the recipe."""
     if method == "static" and calibration is None:
         raise click.UsageError("--method static needs --calibration TEXT_FILE")
+    given = [name for name, value in (("--bits", bits), ("--symmetric/--asymmetric", symmetric),
+                                      ("--embedding-bits", embedding_bits)) if value is not None]
+    if given and method != "weight-only":
+        raise click.UsageError(f"{given[0]} applies to --method weight-only only")
+    if symmetric is False and bits != "4" and embedding_bits != "4":
+        raise click.UsageError("--asymmetric applies to 4-bit weights: add --bits 4")
     check_output(out, force, inputs=[model])
     text = read_text(calibration) if calibration else None
     q = import_extra("gptedge.quantize.quantizer", "quantize")
     recipe = q.QuantizeRecipe(method=method, per_channel=per_channel, block_size=block_size,
                               accuracy_level=accuracy_level, quantize_attention=quantize_attention,
-                              calibration_sequences=calibration_sequences, calibration_length=calibration_length)
+                              calibration_sequences=calibration_sequences, calibration_length=calibration_length,
+                              bits=int(bits or 8), symmetric=symmetric,
+                              embedding_bits=int(embedding_bits) if embedding_bits else None)
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
                                     progress=progress("calibrating"))
     check = manifest.parity.vs_fp32
-    diag(f"quantized {model} -> {out} ({method}): {sum(manifest.quantization.quantized_nodes.values())} nodes "
+    widths = "" if recipe.bits == 8 else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
+    diag(f"quantized {model} -> {out} ({method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} nodes "
          f"quantized; vs fp32 on seeded ids: top-1 {check.top1_agreement:.2%}, "
          f"max |logit diff| {check.max_abs_logit_diff:.3g}")
 

@@ -8,7 +8,9 @@ A method module ends with `METHOD = Method(...)`:
   became and the recipe as applied (what the manifest records);
 - `storage(recipe) -> Storage`: how it stores weights, activations and the tied embedding
   (manifest text);
-- `quantizes_attention`: whether --quantize-attention means anything to it.
+- `quantizes_attention`: whether --quantize-attention means anything to it;
+- `bits`: the weight widths it can store (the first is the default); `asymmetric`: whether it
+  can store 4-bit blocks with their own zero points.
 
 quantizer.py does the rest, the same for every method: guard -> rewrite -> save -> validate,
 in an atomic output directory. A new method is one module plus one line in `_registry()`.
@@ -58,6 +60,8 @@ class Method:
     apply: Callable[[QuantizeJob], Quantized]
     storage: Callable[[QuantizeRecipe], Storage]
     quantizes_attention: bool
+    bits: tuple[int, ...] = (8,)
+    asymmetric: bool = False
 
 
 def _registry() -> dict[str, Method]:

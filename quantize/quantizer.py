@@ -83,14 +83,14 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, tmp / name)
-        new = manifest.replace(precision="int8", quantization=describe(m, done), parity=Parity(),
+        new = manifest.replace(precision=f"int{recipe.bits}", quantization=describe(m, done), parity=Parity(),
                                source=Source(quantized_from=str(model_dir.resolve()), fp32_source=manifest.source,
                                              gptedge_version=__version__))
         write_manifest(tmp, new)
         write_genai_files(tmp, new)
         new = new.replace(parity=Parity(vs_fp32=compare_with_source(model_dir, tmp, manifest.shape.vocab_size)))
         write_manifest(tmp, new)
-    log.info("wrote %s (%s)", out, recipe.method)
+    log.info("wrote %s (%s, %d-bit)", out, recipe.method, recipe.bits)
     return new
 
 

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 from gptedge.runtime.errors import InvalidArgumentError
 
+# 4-bit defaults, chosen by KL(fp32||int4) on the sample model's held-out excerpt (README, "4-bit weight-only"):
+# an 8-bit tied embedding / LM head halves to quarters the KL for +1 MB; asymmetric blocks of 32 were best.
+EMBEDDING_BITS_WITH_INT4 = 8
+SYMMETRIC_WITH_INT4 = False
+
 
 @dataclass(frozen=True)
 class QuantizeRecipe:
@@ -19,12 +24,32 @@ class QuantizeRecipe:
     quantize_attention: bool = False  # dynamic / static: also quantize QK^T and PV (activation x activation)
     calibration_sequences: int = 32  # static
     calibration_length: int = 128  # static: tokens per sequence, at most the model's context
+    bits: int = 8  # weight-only: 8 or 4 bits per weight (dynamic / static: 8 only)
+    # weight-only 4-bit: True, zero point 8; False, a 4-bit zero point per block. None: False for 4-bit
+    # recipes (SYMMETRIC_WITH_INT4), True otherwise (8-bit blocks are symmetric). Filled in.
+    symmetric: bool | None = None
+    # weight-only: bits of the tied embedding / LM head; None: 8 for 8-bit recipes,
+    # EMBEDDING_BITS_WITH_INT4 for 4-bit ones. Filled in, so the manifest records it.
+    embedding_bits: int | None = None
 
     def __post_init__(self) -> None:
-        from .methods import method_names
+        from .methods import method, method_names
 
         if self.method not in method_names():
             raise InvalidArgumentError(f"unknown method {self.method!r}: choose {', '.join(method_names())}")
+        m = method(self.method)
+        if self.embedding_bits is None:
+            object.__setattr__(self, "embedding_bits", EMBEDDING_BITS_WITH_INT4 if self.bits == 4 else self.bits)
+        if self.symmetric is None:
+            four = 4 in (self.bits, self.embedding_bits)
+            object.__setattr__(self, "symmetric", SYMMETRIC_WITH_INT4 if four else True)
+        for what, value in (("bits", self.bits), ("embedding bits", self.embedding_bits)):
+            if value not in m.bits:
+                raise InvalidArgumentError(f"{what} {value} does not apply to {self.method}: it stores "
+                                           f"{' or '.join(map(str, sorted(m.bits)))}-bit weights")
+        if not self.symmetric and not (m.asymmetric and 4 in (self.bits, self.embedding_bits)):
+            raise InvalidArgumentError(f"asymmetric applies to 4-bit weight-only blocks, not {self.bits}-bit "
+                                       f"{self.method}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise InvalidArgumentError(f"block size must be a power of two >= 16, got {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):

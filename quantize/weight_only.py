@@ -15,72 +15,142 @@ from gptedge.runtime.errors import QuantizationError
 from gptedge.runtime.manifest import ModelShape
 
 from . import int8_math as qm
+from . import nbit_math as nm
 from .methods import Method, Quantized, QuantizeJob, Storage
 from .recipe import QuantizeRecipe
 from .rewrite import MS_DOMAIN, Rewrite
 
 
-def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32,
-                        accuracy_level: int = 0) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """Linear MatMuls and the LM head -> MatMulNBits (8-bit blocks along K, activations stay float).
+def _blocked_weight(r: Rewrite, name: str, w_rows: np.ndarray, bits: int, block_size: int,
+                    symmetric: bool) -> list[str]:
+    """Rows (N, K) -> MatMulNBits' B, scales[, zero_points] initializers; their names."""
+    if bits == 8:
+        q, scale = qm.quantize_blocks_u8(w_rows, block_size)  # (N, K/bs, bs), (N, K/bs)
+        return [r.init(f"{name}.q8", q), r.init(f"{name}.scales", scale)]
+    q, scale, zp = nm.quantize_4bit(w_rows, block_size, symmetric)  # (N, K/bs, bs/2), (N, K/bs), packed zp
+    names = [r.init(f"{name}.q4", q), r.init(f"{name}.scales", scale)]
+    return names if zp is None else names + [r.init(f"{name}.zero_points", zp)]
 
-    The tied embedding is stored once in MatMulNBits' layout (V, C/bs, bs) uint8; the embedding
-    gathers rows of it and dequantizes them with plain ops.
+
+def _unpack_nibbles(r: Rewrite, src: str, shape: list[int], prefix: str) -> str:
+    """uint8 (..., n) -> uint8 (..., 2n) in the graph, low nibble first; `shape` is the Reshape target.
+
+    BitShift (opset 11) rather than BitwiseAnd (opset 18): exported graphs are opset 17."""
+    four = r.init(f"{prefix}.four", np.array(4, np.uint8))
+    r.node("BitShift", [src, four], [f"{prefix}.hi"], f"{prefix}.hi", direction="RIGHT")
+    r.node("BitShift", [f"{prefix}.hi", four], [f"{prefix}.hi16"], f"{prefix}.hi16", direction="LEFT")
+    r.node("Sub", [src, f"{prefix}.hi16"], [f"{prefix}.lo"], f"{prefix}.lo")
+    axes = r.init(f"{prefix}.axes", np.array([-1], np.int64))
+    r.node("Unsqueeze", [f"{prefix}.lo", axes], [f"{prefix}.lo1"], f"{prefix}.lo1")
+    r.node("Unsqueeze", [f"{prefix}.hi", axes], [f"{prefix}.hi1"], f"{prefix}.hi1")
+    r.node("Concat", [f"{prefix}.lo1", f"{prefix}.hi1"], [f"{prefix}.pairs"], f"{prefix}.pairs", axis=-1)
+    r.node("Reshape", [f"{prefix}.pairs", r.init(f"{prefix}.shape", np.array(shape, np.int64))],
+           [f"{prefix}.unpacked"], f"{prefix}.unpack")
+    return f"{prefix}.unpacked"
+
+
+def _embedding(r: Rewrite, node: onnx.NodeProto, weight: list[str], bits: int, n_blocks: int,
+               block_size: int, width: int) -> None:
+    """Gather rows of the LM head's blocks and dequantize them: (q - zero point) * scale per block."""
+    ids, out, name = node.input[1], node.output[0], node.name
+    r.node("Gather", [weight[0], ids], [f"{out}.q"], f"{name}.q")  # (B, S, C/bs, bs or bs/2) uint8
+    q = f"{out}.q" if bits == 8 else _unpack_nibbles(r, f"{out}.q", [0, 0, n_blocks, block_size], f"{name}.q4")
+    r.node("Cast", [q], [f"{out}.f"], f"{name}.cast", to=TensorProto.FLOAT)
+    if len(weight) == 3:  # asymmetric 4-bit: per-block zero points, packed two per byte
+        r.node("Gather", [weight[2], ids], [f"{out}.zq"], f"{name}.zq")  # (B, S, ceil(C/bs/2))
+        pairs = -(-n_blocks // 2)
+        z = _unpack_nibbles(r, f"{out}.zq", [0, 0, 2 * pairs], f"{name}.zp4")
+        if 2 * pairs != n_blocks:
+            r.node("Slice", [z, r.init(f"{name}.zstart", np.array([0], np.int64)),
+                             r.init(f"{name}.zend", np.array([n_blocks], np.int64)),
+                             r.init(f"{name}.zaxis", np.array([-1], np.int64))], [f"{out}.zs"], f"{name}.zslice")
+            z = f"{out}.zs"
+        r.node("Cast", [z], [f"{out}.zf"], f"{name}.zcast", to=TensorProto.FLOAT)
+        r.node("Unsqueeze", [f"{out}.zf", r.init(f"{name}.zaxes", np.array([-1], np.int64))], [f"{out}.zp"],
+               f"{name}.zunsqueeze")
+        zp = f"{out}.zp"
+    else:
+        zp = r.init(f"{name}.zp", np.array(128.0 if bits == 8 else float(nm.SYMMETRIC_ZERO_POINT), np.float32))
+    r.node("Sub", [f"{out}.f", zp], [f"{out}.c"], f"{name}.center")
+    r.node("Gather", [weight[1], ids], [f"{out}.s"], f"{name}.scale")  # (B, S, C/bs)
+    r.node("Unsqueeze", [f"{out}.s", r.init(f"{name}.axes", np.array([-1], np.int64))], [f"{out}.s1"],
+           f"{name}.unsqueeze")
+    r.node("Mul", [f"{out}.c", f"{out}.s1"], [f"{out}.blocks"], f"{name}.dequantize")
+    r.node("Reshape", [f"{out}.blocks", r.init(f"{name}.shape", np.array([0, 0, width], np.int64))],
+           [out], f"{name}.reshape")
+
+
+def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_level: int = 0, bits: int = 8,
+                        symmetric: bool = True, embedding_bits: int | None = None,
+                        ) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """Linear MatMuls and the LM head -> MatMulNBits (`bits`-bit blocks along K, activations stay float).
+
+    The tied embedding is stored once in MatMulNBits' layout, at `embedding_bits` (default: `bits`):
+    8-bit (V, C/bs, bs) uint8, or 4-bit (V, C/bs, bs/2) two per byte; the embedding gathers rows of it,
+    unpacks nibbles with BitShift where 4-bit, and dequantizes them with plain ops. 8-bit blocks are
+    always symmetric (zero point 128); `symmetric` applies to the 4-bit ones.
     """
+    embedding_bits = embedding_bits or bits
     r = Rewrite(model)
     wte, gather, gemm = r.tied_embedding()
     vocab, width = r.weights[wte].shape
-    q, scale = qm.quantize_blocks_u8(r.weights[wte], block_size)  # (V, C/bs, bs), (V, C/bs)
-    wq, ws = r.init(f"{wte}.q8", q), r.init(f"{wte}.scales", scale)
+    for node in model.graph.node:  # every K must hold whole blocks (n_embd; the MLP width for c_proj)
+        if r.is_linear(node) and r.weights[node.input[1]].shape[0] % block_size:
+            raise QuantizationError(f"{node.input[1]}: K={r.weights[node.input[1]].shape[0]} is not a multiple "
+                                    f"of block size {block_size}")
+    tied = _blocked_weight(r, wte, r.weights[wte], embedding_bits, block_size, symmetric)
+    sym = "symmetric" if symmetric or embedding_bits == 8 else "asymmetric"
     for node in model.graph.node:
         if node is gather:
-            ids, out = node.input[1], node.output[0]
-            r.node("Gather", [wq, ids], [f"{out}.q"], f"{node.name}.q")  # (B, S, C/bs, bs) uint8
-            r.node("Cast", [f"{out}.q"], [f"{out}.f"], f"{node.name}.cast", to=TensorProto.FLOAT)
-            r.node("Sub", [f"{out}.f", r.init(f"{node.name}.zp", np.array(128.0, np.float32))], [f"{out}.c"],
-                   f"{node.name}.center")
-            r.node("Gather", [ws, ids], [f"{out}.s"], f"{node.name}.scale")  # (B, S, C/bs)
-            r.node("Unsqueeze", [f"{out}.s", r.init(f"{node.name}.axes", np.array([-1], np.int64))], [f"{out}.s1"],
-                   f"{node.name}.unsqueeze")
-            r.node("Mul", [f"{out}.c", f"{out}.s1"], [f"{out}.blocks"], f"{node.name}.dequantize")
-            r.node("Reshape", [f"{out}.blocks", r.init(f"{node.name}.shape", np.array([0, 0, width], np.int64))],
-                   [out], f"{node.name}.reshape")
-            r.quantized[node.name] = f"8-bit embedding (blocks of {block_size}, shared with the LM head)"
+            _embedding(r, node, tied, embedding_bits, width // block_size, block_size, width)
+            r.quantized[node.name] = (f"{embedding_bits}-bit {sym} embedding (blocks of {block_size}, "
+                                      "shared with the LM head)")
         elif node is gemm:
-            r.node("MatMulNBits", [node.input[0], wq, ws], list(node.output), node.name, domain=MS_DOMAIN,
-                   K=width, N=vocab, bits=8, block_size=block_size, accuracy_level=accuracy_level)
-            r.quantized[node.name] = "MatMulNBits (LM head, tied 8-bit weight)"
+            r.node("MatMulNBits", [node.input[0], *tied], list(node.output), node.name, domain=MS_DOMAIN,
+                   K=width, N=vocab, bits=embedding_bits, block_size=block_size, accuracy_level=accuracy_level)
+            r.quantized[node.name] = f"MatMulNBits (LM head, tied {embedding_bits}-bit weight)"
         elif r.is_linear(node):
             w = r.weights[node.input[1]]  # (K, N)
-            wq_l, ws_l = qm.quantize_blocks_u8(w.T, block_size)
-            r.node("MatMulNBits", [node.input[0], r.init(f"{node.input[1]}.q8", wq_l),
-                                   r.init(f"{node.input[1]}.scales", ws_l)],
-                   list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=8,
+            r.node("MatMulNBits", [node.input[0], *_blocked_weight(r, node.input[1], w.T, bits, block_size, symmetric)],
+                   list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=bits,
                    block_size=block_size, accuracy_level=accuracy_level)
-            r.quantized[node.name] = "MatMulNBits"
+            r.quantized[node.name] = f"MatMulNBits ({bits}-bit)" if bits != 8 else "MatMulNBits"
         else:
             r.new_nodes.append(node)
-    return r.finish("gptedge weight-only int8"), r.quantized
+    return r.finish(f"gptedge weight-only int{bits}"), r.quantized
 
 
 def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | None) -> None:
+    """Block size must divide n_embd (the rewrite checks every linear's K: the MLP width too)."""
     if shape.n_embd % recipe.block_size:
         raise QuantizationError(f"n_embd {shape.n_embd} is not a multiple of block size {recipe.block_size}")
 
 
 def apply(job: QuantizeJob) -> Quantized:
-    model, nodes = rewrite_weight_only(job.model, job.recipe.block_size, job.recipe.accuracy_level)
-    return Quantized(model, nodes, job.recipe)
+    rc = job.recipe
+    model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
+                                       rc.embedding_bits)
+    return Quantized(model, nodes, rc)
+
+
+def _layout(bits: int, symmetric: bool) -> str:
+    if bits == 8:
+        return "8-bit, symmetric (zero point 128)"
+    return "4-bit, " + ("symmetric (zero point 8)" if symmetric else "asymmetric (a 4-bit zero point per block)")
 
 
 def storage(recipe: QuantizeRecipe) -> Storage:
     activations = ("float" if recipe.accuracy_level == 0 else
                    f"quantized per block inside MatMulNBits (accuracy_level {recipe.accuracy_level})")
-    return Storage(weights=f"8-bit MatMulNBits, symmetric, one scale per block of {recipe.block_size} along K",
+    shape = "(V, C/bs, bs)" if recipe.embedding_bits == 8 else "(V, C/bs, bs/2), two weights per byte"
+    return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "
+                           f"{recipe.block_size} along K",
                    activations=activations,
-                   embedding_and_lm_head="tied weight stored once as MatMulNBits blocks (V, C/bs, bs); LM head "
-                                         "MatMulNBits, embedding gathers rows and dequantizes")
+                   embedding_and_lm_head=f"tied weight stored once as {_layout(recipe.embedding_bits, recipe.symmetric)} "
+                                         f"MatMulNBits blocks {shape}; LM head MatMulNBits, embedding gathers rows "
+                                         "and dequantizes")
 
 
 # Activations reach QK^T and PV in float: there is nothing for --quantize-attention to act on.
-METHOD = Method(name="weight-only", check=check, apply=apply, storage=storage, quantizes_attention=False)
+METHOD = Method(name="weight-only", check=check, apply=apply, storage=storage, quantizes_attention=False,
+                bits=(8, 4), asymmetric=True)

@@ -112,7 +112,7 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
         q = m.manifest.quantization
         result.append(CompareRow(
             model=str(m.model_dir), precision=m.manifest.precision,
-            method=q.method if q else ("imported" if m.manifest.source.imported_from else m.manifest.precision),
+            method=q.label if q else ("imported" if m.manifest.source.imported_from else m.manifest.precision),
             size_bytes=graph_size(m.model_dir, m.manifest.model_file), perplexity=ppl, delta_ppl_pct=100.0 * (ppl / ref_ppl - 1.0),
             top1_agreement=float(agree[i] / count), kl=float(kl[i] / count), greedy_agreement=greedy_agree,
             tokens_per_s=float(np.mean([o.tokens_per_s for o in outs]))))

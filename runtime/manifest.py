@@ -20,7 +20,7 @@ from .errors import ModelDirError
 MANIFEST_NAME = "gptedge.json"
 MODEL_FILE = "model.onnx"
 FORMAT_VERSION = 1
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")  # int4: 4-bit weight-only linears
 ARCHS = ("gpt2", "openai-gpt")
 
 
@@ -121,12 +121,23 @@ class Quantization:
     quantize_attention: bool = False
     calibration_sequences: int = 32
     calibration_length: int = 128
+    bits: int = 8  # weight-only: 4 or 8 bits per linear weight
+    symmetric: bool = True  # 4-bit: zero point 8, else one 4-bit zero point per block
+    embedding_bits: int = 8  # the tied embedding / LM head (may stay 8-bit in a 4-bit recipe)
     weights: str = ""  # how the weights are stored
     activations: str = ""
     embedding_and_lm_head: str = ""
     attention_products: str = "float"
     kept_float: str = ""
     quantized_nodes: dict[str, int] = field(default_factory=dict)  # op type -> count
+
+    @property
+    def label(self) -> str:
+        """The method, with the widths where they are not plain 8-bit (compare's method column)."""
+        if (self.bits, self.embedding_bits, self.symmetric) == (8, 8, True):
+            return self.method
+        return (f"{self.method} int{self.bits} b{self.block_size} {'sym' if self.symmetric else 'asym'}"
+                f"{'' if self.embedding_bits == self.bits else f', emb int{self.embedding_bits}'}")
 
 
 @dataclass(frozen=True)
