@@ -152,14 +152,19 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
               help="Weight-only: 4 quantizes activations per block inside the kernel (fast); 0 keeps them "
                    "float (slightly more exact, far slower on CPU).")
 @click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products).")
+@click.option("--activation-scale", type=click.Choice(["per-row", "per-tensor"]), default="per-row", show_default=True,
+              help="Dynamic: one activation scale per row (a sequence's tokens do not depend on its batch) or one "
+                   "per tensor (one fused kernel).")
+@click.option("--reduce-range/--full-range", default=True, show_default=True,
+              help="Dynamic: 7-bit weights, so u8 x s8 sums never saturate on x86 CPUs without VNNI (AVX2).")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=str),
               help="Static (required): calibration text file (UTF-8).")
 @click.option("--calibration-sequences", default=32, show_default=True, type=count(1))
 @click.option("--calibration-length", default=128, show_default=True, type=count(1), help="Tokens per sequence.")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def quantize(model: str, out: str, method: str, per_channel: bool, block_size: int, accuracy_level: int,
-             quantize_attention: bool, calibration: str | None, calibration_sequences: int, calibration_length: int,
-             force: bool) -> None:
+             quantize_attention: bool, activation_scale: str, reduce_range: bool, calibration: str | None,
+             calibration_sequences: int, calibration_length: int, force: bool) -> None:
     """Write an INT8 variant of the fp32 model dir MODEL into OUT; the manifest records the recipe."""
     if method == "static" and calibration is None:
         raise click.UsageError("--method static needs --calibration TEXT_FILE")
@@ -168,6 +173,7 @@ def quantize(model: str, out: str, method: str, per_channel: bool, block_size: i
     q = import_extra("gptedge.quantize.quantizer", "quantize")
     recipe = q.QuantizeRecipe(method=method, per_channel=per_channel, block_size=block_size,
                               accuracy_level=accuracy_level, quantize_attention=quantize_attention,
+                              activation_scale=activation_scale, reduce_range=reduce_range,
                               calibration_sequences=calibration_sequences, calibration_length=calibration_length)
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
                                     progress=progress("calibrating"))
