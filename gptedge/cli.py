@@ -191,6 +191,11 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
 @click.option("--embedding-bits", type=click.Choice(["8", "4"]), default=None,
               help="Weight-only: bits of the tied embedding / LM head.  [default: 8]")
 @click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products).")
+@click.option("--activation-scale", type=click.Choice(["per-row", "per-tensor"]), default="per-row", show_default=True,
+              help="Dynamic: one activation scale per row (a sequence's tokens do not depend on its batch) or one "
+                   "per tensor (one fused kernel).")
+@click.option("--reduce-range/--full-range", default=True, show_default=True,
+              help="Dynamic: 7-bit weights, so u8 x s8 sums never saturate on x86 CPUs without VNNI (AVX2).")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=str),
               help="Static (required): calibration text file (UTF-8).")
 @click.option("--calibration-sequences", default=32, show_default=True, type=count(1))
@@ -198,7 +203,8 @@ def generate(model: str, prompt: str, max_new_tokens: int, top_k: int, top_p: fl
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def quantize(model: str, out: str, method: str, per_channel: bool, block_size: int, accuracy_level: int,
              bits: str | None, symmetric: bool | None, embedding_bits: str | None, quantize_attention: bool,
-             calibration: str | None, calibration_sequences: int, calibration_length: int, force: bool) -> None:
+             activation_scale: str, reduce_range: bool, calibration: str | None, calibration_sequences: int,
+             calibration_length: int, force: bool) -> None:
     """Write an INT8 (or weight-only INT4) variant of the fp32 model dir MODEL into OUT; the manifest records
     the recipe."""
     if method == "static" and calibration is None:
@@ -216,7 +222,8 @@ def quantize(model: str, out: str, method: str, per_channel: bool, block_size: i
                               accuracy_level=accuracy_level, quantize_attention=quantize_attention,
                               calibration_sequences=calibration_sequences, calibration_length=calibration_length,
                               bits=int(bits or 8), symmetric=symmetric,
-                              embedding_bits=int(embedding_bits) if embedding_bits else None)
+                              embedding_bits=int(embedding_bits) if embedding_bits else None,
+                              activation_scale=activation_scale, reduce_range=reduce_range)
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
                                     progress=progress("calibrating"))
     check = manifest.parity.vs_fp32

@@ -119,6 +119,8 @@ class Quantization:
     block_size: int = 32
     accuracy_level: int = 4
     quantize_attention: bool = False
+    activation_scale: str = "per-tensor"  # dynamic; manifests written before it existed were per tensor
+    reduce_range: bool = False  # dynamic: 7-bit weights
     calibration_sequences: int = 32
     calibration_length: int = 128
     bits: int = 8  # weight-only: 4 or 8 bits per linear weight

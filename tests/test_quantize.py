@@ -58,16 +58,9 @@ def test_manifest_records_recipe(quantized_dirs):
 def test_every_linear_and_the_tied_weight_quantized_attention_float(quantized_dirs):
     n_layer = 2
     ops = {m: Counter(n.op_type for n in graph(out).graph.node) for m, (_, out) in quantized_dirs.items()}
-    # 4 linears per layer + the LM head
-    assert ops["dynamic"]["DynamicQuantizeMatMul"] == 4 * n_layer + 1
-    # the two c_proj biases of each layer ride in DynamicQuantizeMatMul's bias input, not in an Add after it
-    dynamic = graph(quantized_dirs["dynamic"][1])
-    with_bias = [n for n in dynamic.graph.node if n.op_type == "DynamicQuantizeMatMul" and len(n.input) == 5]
-    assert len(with_bias) == 2 * n_layer
-    producer = {o: n for n in dynamic.graph.node for o in n.output}
-    consts = {t.name for t in dynamic.graph.initializer}
-    assert not [n for n in dynamic.graph.node if n.op_type == "Add" and any(i in consts for i in n.input)
-                and any(producer.get(i) is not None and producer[i].op_type == "DynamicQuantizeMatMul" for i in n.input)]
+    # 4 linears per layer + the LM head; per-row activation scales: one QuantizeLinear per linear
+    assert ops["dynamic"]["MatMulIntegerToFloat"] == ops["dynamic"]["QuantizeLinear"] == 4 * n_layer + 1
+    assert ops["dynamic"]["DynamicQuantizeMatMul"] == 0
     assert ops["weight-only"]["MatMulNBits"] == 4 * n_layer + 1
     for m in METHODS:  # attention (QK^T, softmax, PV) stays one float MultiHeadAttention per layer
         assert ops[m]["MultiHeadAttention"] == n_layer, m
@@ -92,7 +85,7 @@ def test_no_float_weight_left_and_tied_weight_stored_once(quantized_dirs, method
     assert len(big) == 1, [t.name for t in big]  # the one embedding / LM head weight
     assert big[0].data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
     users = [n.op_type for n in model.graph.node if big[0].name in n.input]
-    lm_head = {"dynamic": "DynamicQuantizeMatMul", "weight-only": "MatMulNBits", "static": "DequantizeLinear"}[method]
+    lm_head = {"dynamic": "MatMulIntegerToFloat", "weight-only": "MatMulNBits", "static": "DequantizeLinear"}[method]
     assert sorted(users) == sorted(["Gather", lm_head])
     float_weights = [t.name for t in model.graph.initializer
                      if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2 and min(t.dims) >= 32]
@@ -104,6 +97,60 @@ def test_sizes_shrink(quantized_dirs, gpt2_model_dir):
     for method, (_, out) in quantized_dirs.items():
         size = (out / "model.onnx").stat().st_size
         assert 0.24 * fp32 < size < 0.34 * fp32, (method, size / fp32)
+
+
+def test_dynamic_per_tensor_folds_biases_into_one_kernel(gpt2_model_dir, tmp_path):
+    """--activation-scale per-tensor: each linear is one DynamicQuantizeMatMul with its bias inside."""
+    n_layer = 2
+    quantize_model_dir(gpt2_model_dir, tmp_path / "d", QuantizeRecipe("dynamic", activation_scale="per-tensor"))
+    dynamic = graph(tmp_path / "d")
+    assert Counter(n.op_type for n in dynamic.graph.node)["DynamicQuantizeMatMul"] == 4 * n_layer + 1
+    # the two c_proj biases of each layer ride in DynamicQuantizeMatMul's bias input, not in an Add after it
+    with_bias = [n for n in dynamic.graph.node if n.op_type == "DynamicQuantizeMatMul" and len(n.input) == 5]
+    assert len(with_bias) == 2 * n_layer
+    producer = {o: n for n in dynamic.graph.node for o in n.output}
+    consts = {t.name for t in dynamic.graph.initializer}
+    assert not [n for n in dynamic.graph.node if n.op_type == "Add" and any(i in consts for i in n.input)
+                and any(producer.get(i) is not None and producer[i].op_type == "DynamicQuantizeMatMul" for i in n.input)]
+
+
+def test_reduced_range_weights_stay_within_7_bits(quantized_dirs, gpt2_model_dir, tmp_path):
+    """The default dynamic recipe stores weights in -63..63 (no int16 saturation on AVX2); --full-range uses -127..127."""
+    def int8_extremes(model_dir):
+        return max(int(np.abs(onnx.numpy_helper.to_array(t).astype(np.int32)).max())
+                   for t in graph(model_dir).graph.initializer if t.data_type == onnx.TensorProto.INT8)
+
+    assert int8_extremes(quantized_dirs["dynamic"][1]) == 63
+    quantize_model_dir(gpt2_model_dir, tmp_path / "full", QuantizeRecipe("dynamic", reduce_range=False))
+    assert int8_extremes(tmp_path / "full") == 127
+
+
+def _batched_vs_solo(model, prompts):
+    """-> (max |logit diff| between a row prefilled in a left-padded batch and alone, rows whose greedy ids agree)."""
+    from gptedge.runtime.generation import left_pad, prefill
+
+    def last(batch):
+        ids, mask = left_pad(batch, 0)
+        return prefill(model.variant.start(len(batch), ids.shape[1] + 1), ids, mask, chunk=None).copy()
+
+    diff = float(np.abs(last(prompts) - np.concatenate([last([p]) for p in prompts])).max())
+    together = model.generate_batch(prompts, max_new_tokens=6, greedy=True, ignore_eos=True)
+    same = sum(t.ids == model.generate(p, max_new_tokens=6, greedy=True, ignore_eos=True).ids
+               for t, p in zip(together, prompts))
+    return diff, same
+
+
+def test_dynamic_rows_do_not_depend_on_their_batch(quantized_dirs, gpt2_model_dir, tmp_path):
+    """Per-row activation scales: a row's logits are (nearly) its solo logits; per tensor they are not."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 50257, int(n)).tolist() for n in rng.integers(3, 30, 12)]
+    per_row = load(quantized_dirs["dynamic"][1], device="cpu")
+    quantize_model_dir(gpt2_model_dir, tmp_path / "t", QuantizeRecipe("dynamic", activation_scale="per-tensor"))
+    per_tensor = load(tmp_path / "t", device="cpu")
+    row_diff, row_same = _batched_vs_solo(per_row, prompts)
+    tensor_diff, _ = _batched_vs_solo(per_tensor, prompts)
+    assert row_same == len(prompts)
+    assert row_diff < 1e-3 < tensor_diff, (row_diff, tensor_diff)
 
 
 @pytest.mark.parametrize("method", METHODS)
