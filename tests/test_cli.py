@@ -169,7 +169,12 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q2"), "--method", "dynamic"])
     assert result.exit_code == 0, result.output
-    (first, second) = quantize.calls
+    result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q3"), "--method",
+                                  "weight-only", "--bits", "4", "--symmetric", "--embedding-bits", "4"])
+    assert result.exit_code == 0, result.output
+    (first, second, third) = quantize.calls
+    recipe = third[0][2]
+    assert (recipe.bits, recipe.symmetric, recipe.embedding_bits) == (4, True, 4)
     assert first[0][:2] == (str(gpt2_model_dir), str(out))
     recipe = first[0][2]
     assert recipe == q.QuantizeRecipe(method="static", per_channel=False, block_size=64, accuracy_level=0,

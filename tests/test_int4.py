@@ -38,6 +38,7 @@ def matmul_nbits(w: np.ndarray, x: np.ndarray, block_size: int, symmetric: bool)
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])], initializer=inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9  # what gptedge writes: loadable by every ONNX Runtime gptedge supports (1.31 reads <= 13)
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     return got, x @ nm.dequantize_4bit(packed, scales, zp).T
 
