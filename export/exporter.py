@@ -41,7 +41,7 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
     check_opset(opset)
     cfg: GPTConfig = reference.cfg
     out = Path(out)
-    with atomic_output_dir(out, force) as tmp:
+    with atomic_output_dir(out, force, inputs=[source_dir] if source_dir else ()) as tmp:
         weights = {k: v.detach().to("cpu").float().numpy() for k, v in reference.state_dict().items()}
         try:
             graph = build_graph(cfg, weights, opset, fused=fused, graph=graph_variant)
@@ -87,7 +87,7 @@ def export_checkpoint(source: str | Path, out: str | Path, force: bool = False, 
     """A local HF checkpoint directory (or a Hugging Face Hub id, see hub.py) -> a gptedge model directory."""
     out = Path(out)
     check_opset(opset)
-    check_output(out, force)  # before the (slow) load, and before any download
+    check_output(out, force, inputs=[source])  # before the (slow) load, and before any download
     source, hub_info = resolve_source(source, revision)
     reference, _ = load_checkpoint(source)
     info = {"path": str(source.resolve()), "weights": weights_file(source).name,

@@ -69,12 +69,12 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
                        progress: Callable[[int, int], None] | None = None) -> Manifest:
     model_dir, out = Path(model_dir), Path(out)
     manifest = _check_source(model_dir)
-    check_output(out, force)
+    check_output(out, force, inputs=[model_dir])
     m = method(recipe.method)
     m.check(recipe, manifest.shape, calibration_text)
     model = onnx.load(str(model_dir / manifest.model_file))  # external data, if any, is read too
     _check_attention(m, recipe, model)
-    with atomic_output_dir(out, force) as tmp:
+    with atomic_output_dir(out, force, inputs=[model_dir]) as tmp:
         work = tmp / WORK_DIR
         work.mkdir()
         done = m.apply(QuantizeJob(model, recipe, manifest, model_dir, work, calibration_text, progress))

@@ -294,3 +294,22 @@ def test_cli_quantize_errors_are_one_line(gpt2_model_dir, quantized_dirs, tmp_pa
                                   "--method", "dynamic"])
     assert "already quantized (static)" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_library_calls_never_replace_their_input(gpt2_model_dir, gpt2_checkpoint, tmp_path):
+    """--force's guard is the library's, not only the CLI's: a call writing over its own input is refused."""
+    import shutil
+
+    from gptedge.export.exporter import export_checkpoint
+    from gptedge.runtime.errors import OutputExistsError
+
+    model = tmp_path / "m"
+    shutil.copytree(gpt2_model_dir, model)
+    before = sorted((p.name, p.stat().st_size) for p in model.iterdir())
+    with pytest.raises(OutputExistsError, match="is the input"):
+        quantize_model_dir(model, model, QuantizeRecipe("dynamic"), force=True)
+    ck = tmp_path / "ck"
+    shutil.copytree(gpt2_checkpoint, ck)
+    with pytest.raises(OutputExistsError, match="is the input"):
+        export_checkpoint(ck, ck, force=True)
+    assert sorted((p.name, p.stat().st_size) for p in model.iterdir()) == before and (ck / "config.json").is_file()
