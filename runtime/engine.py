@@ -114,10 +114,7 @@ class Engine:
     def submit(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None]) -> RequestHandle:
         """Queue a request; raises InvalidArgumentError / PromptTooLongError / QueueFullError at once."""
         m = self.model.manifest
-        check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length)
-        bad = next((i for i in request.prompt_ids if not 0 <= i < m.shape.vocab_size), None)
-        if bad is not None:
-            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary (0..{m.shape.vocab_size - 1})")
+        check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
         stream = TextStream(self._tokenizer, request.stop) if self._tokenizer is not None else None
         state = SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
                               np.random.default_rng(request.sampling.seed), list(request.prompt_ids))

@@ -19,7 +19,7 @@ import numpy as np
 
 from .beam_search import BeamOptions, BeamResult, beam_search
 from .errors import InvalidArgumentError, ModelDirError
-from .generation import PREFILL_CHUNK, Generation, run_generation
+from .generation import PREFILL_CHUNK, Generation, check_token_ids, run_generation
 from .graph_check import check_graph, manifest_from_hf_dir
 from .graph_variant import GraphVariant, variant_for
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
@@ -99,10 +99,7 @@ class LoadedModel:
         if None in ids:
             bad = prompt[ids.index(None)]
             raise TypeError(f"token ids are integers, got {type(bad).__name__} {bad!r}")
-        vocab = self.manifest.shape.vocab_size
-        wrong = next((i for i in ids if not 0 <= i < vocab), None)
-        if wrong is not None:
-            raise InvalidArgumentError(f"token id {wrong} is outside the vocabulary (0..{vocab - 1})")
+        check_token_ids(ids, self.manifest.shape.vocab_size)
         return ids
 
     def _generation(self, prompts, max_new_tokens, stop, with_text, ignore_eos, prefill_chunk, sampling):

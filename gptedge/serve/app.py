@@ -189,13 +189,8 @@ class Api:
 
     def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
         ids = [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
-        vocab = self.model.manifest.shape.vocab_size
         try:
-            for p in ids:
-                wrong = next((i for i in p if not 0 <= i < vocab), None)
-                if wrong is not None:
-                    raise InvalidArgumentError(f"token id {wrong} is outside the vocabulary (0..{vocab - 1})")
-            check_prompts(ids, params.max_tokens, self.context)
+            check_prompts(ids, params.max_tokens, self.context, self.model.manifest.shape.vocab_size)
         except PromptTooLongError as e:
             raise ApiError(400, f"{e}; shorten the prompt", param="prompt", code="context_length_exceeded") from None
         except InvalidArgumentError as e:
