@@ -136,3 +136,16 @@ def test_chunked_prefill_equals_one_run(gpt2_loaded, gpt2_kv_buffer_loaded, grap
                                                     prefill_chunk=chunk)]
 
     assert ids_of(prompts, 4) == ids_of(prompts, None) and ids_of(two, 4) == ids_of(two, None)
+
+
+def test_python_api_refuses_wrong_types_and_ids_in_one_line(gpt2_loaded):
+    """#11 row 12: a str where a list is expected, ids outside the vocabulary: clear errors, never ORT's."""
+    with pytest.raises(TypeError, match="stop is a list of strings"):
+        gpt2_loaded.generate("Hello", max_new_tokens=2, stop="the")
+    with pytest.raises(TypeError, match="takes a list of prompts"):
+        gpt2_loaded.generate_batch("abc", max_new_tokens=2)
+    with pytest.raises(TypeError, match="token ids are integers"):
+        gpt2_loaded.generate([1, "2"], max_new_tokens=2)
+    for bad in (-1, 50257, 99999):
+        with pytest.raises(InvalidArgumentError, match=f"token id {bad} is outside the vocabulary"):
+            gpt2_loaded.generate([5, bad], max_new_tokens=2)
