@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from gptedge.runtime.errors import CheckpointError
 
@@ -19,7 +18,7 @@ from .families import Family, Weights
 from .graph_attention import AttentionWriter, GroupQueryAttention, MultiHeadAttention, PlainAttention
 from .graph_ops import layer_norm, mlp
 from .graph_writer import GraphWriter
-from .layers import KV, MLP, Attention
+from .layers import KV, BlockLayers
 
 # HF activation_function -> ours. "gelu_new" is the tanh approximation, "gelu" the exact erf.
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_erf", "relu": "relu"}
@@ -52,15 +51,8 @@ def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
             "eos_token_id": cfg.eos_token_id, "tie_word_embeddings": True, "use_cache": True}
 
 
-class Block(nn.Module):
+class Block(BlockLayers):
     """h + attn(ln_1(h)), then h + mlp(ln_2(h))."""
-
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.attn = Attention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.mlp = MLP(cfg)
 
     def forward(self, h: torch.Tensor, allowed: torch.Tensor, past: KV | None) -> tuple[torch.Tensor, KV]:
         a, present = self.attn(self.ln_1(h), allowed, past)  # (B, S, C)

@@ -70,6 +70,18 @@ class MLP(nn.Module):
         return self.c_proj(activation(self.c_fc(x), self.kind))
 
 
+class BlockLayers(nn.Module):
+    """A transformer block's parameters (ln_1, attn, ln_2, mlp, under HF's names); each family's Block
+    subclasses it and writes forward(h (B, S, C), allowed, past) -> (h, present) in its own LN order."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn = Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.mlp = MLP(cfg)
+
+
 def attention_allowed(attention_mask: torch.Tensor, seq: int) -> torch.Tensor:
     """(B, 1, S, T) bool: query i (absolute position T - S + i) may see key j <= it, and key j is not padding."""
     B, T = attention_mask.shape

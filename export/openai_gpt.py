@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from gptedge.runtime.errors import CheckpointError
 
@@ -19,7 +18,7 @@ from .families import Family, Weights
 from .graph_attention import AttentionWriter, PlainAttention
 from .graph_ops import layer_norm, mlp
 from .graph_writer import GraphWriter
-from .layers import KV, MLP, Attention
+from .layers import KV, BlockLayers
 
 # HF afn -> ours: OpenAIGPT's "gelu" is the tanh approximation; it has no exact-erf GELU.
 _ACTIVATIONS = {"gelu": "gelu_tanh", "relu": "relu"}
@@ -46,15 +45,8 @@ def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
             "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
 
 
-class Block(nn.Module):
+class Block(BlockLayers):
     """n = ln_1(h + attn(h)), then ln_2(n + mlp(n))."""
-
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.attn = Attention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.mlp = MLP(cfg)
 
     def forward(self, h: torch.Tensor, allowed: torch.Tensor, past: KV | None) -> tuple[torch.Tensor, KV]:
         a, present = self.attn(h, allowed, past)  # (B, S, C)
