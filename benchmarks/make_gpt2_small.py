@@ -1,5 +1,5 @@
 """Write a GPT-2-small-shaped checkpoint (124M, random seeded weights) with transformers' save_pretrained;
-`--size medium` writes the 355M shape (24 layers x 1024 wide x 16 heads).
+`--size medium` writes the 355M shape (24 layers x 1024 wide x 16 heads), `large` 774M, `xl` 1.5B.
 
 Random weights are fine for speed: every figure in benchmarks/ that uses this model is a
 speed figure or a parity figure, never a quality one.
@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-SIZES = {"small": {"n_layer": 12, "n_embd": 768, "n_head": 12}, "medium": {"n_layer": 24, "n_embd": 1024, "n_head": 16}}
+SIZES = {"small": {"n_layer": 12, "n_embd": 768, "n_head": 12}, "medium": {"n_layer": 24, "n_embd": 1024, "n_head": 16},
+         "large": {"n_layer": 36, "n_embd": 1280, "n_head": 20}, "xl": {"n_layer": 48, "n_embd": 1600, "n_head": 25}}
 TOKENIZER = Path(__file__).resolve().parents[1] / "samples" / "tokenizers" / "gpt2"
 
 

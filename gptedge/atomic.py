@@ -189,3 +189,17 @@ def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return umask
+
+
+@contextlib.contextmanager
+def scratch_dir(out: str | Path) -> Iterator[Path]:
+    """A marked partial dir beside OUT for intermediate files (export --precision fp16's fp32 graph): removed
+    on exit, and by the next run's sweep_stale if this process is killed."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        _mark(tmp)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

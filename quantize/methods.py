@@ -1,5 +1,7 @@
 """Quantization methods: one module each (dynamic.py, weight_only.py, static.py), one entry point each.
 
+fp16.py is the one method that quantizes nothing: it halves every float (GPUs).
+
 A method module ends with `METHOD = Method(...)`:
 
 - `check(recipe, shape, calibration_text)`: refuses, in one line and before any work, what the
@@ -51,6 +53,7 @@ class Storage:
     weights: str
     activations: str
     embedding_and_lm_head: str
+    kept_float: str = "position embedding, LayerNorms, biases"
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,16 @@ class Method:
     quantizes_attention: bool
     bits: tuple[int, ...] = (8,)
     asymmetric: bool = False
+    # the manifest's `precision` for a recipe: int8 / int4 unless the method says otherwise (fp16)
+    precision: Callable[[QuantizeRecipe], str] = lambda recipe: f"int{recipe.bits}"
+    float16: bool = False  # can also turn the float parts of its graph into fp16 (recipe.float16, for GPUs)
 
 
 def _registry() -> dict[str, Method]:
     # Imported here: the method modules import QuantizeRecipe, whose validation looks names up here.
-    from . import dynamic, static, weight_only
+    from . import dynamic, fp16, static, weight_only
 
-    return {m.name: m for m in (dynamic.METHOD, static.METHOD, weight_only.METHOD)}
+    return {m.name: m for m in (dynamic.METHOD, static.METHOD, weight_only.METHOD, fp16.METHOD)}
 
 
 def method_names() -> tuple[str, ...]:

@@ -31,13 +31,15 @@ class QuantizeRecipe:
     reduce_range: bool = True  # dynamic: 7-bit weights, so u8 x s8 int16 sums never saturate (see int8_math)
     calibration_sequences: int = 32  # static
     calibration_length: int = 128  # static: tokens per sequence, at most the model's context
-    bits: int = 8  # weight-only: 8 or 4 bits per weight (dynamic / static: 8 only)
+    bits: int | None = None  # weight-only: 8 or 4 bits per weight (dynamic / static: 8 only); None: the method's first
     # weight-only 4-bit: True, zero point 8; False, a 4-bit zero point per block. None: False for 4-bit
     # recipes (SYMMETRIC_WITH_INT4), True otherwise (8-bit blocks are symmetric). Filled in.
     symmetric: bool | None = None
     # weight-only: bits of the tied embedding / LM head; None: 8 for 8-bit recipes,
     # EMBEDDING_BITS_WITH_INT4 for 4-bit ones. Filled in, so the manifest records it.
     embedding_bits: int | None = None
+    # weight-only: the float parts (activations, scales, biases, LayerNorms, caches) in fp16, for GPUs
+    float16: bool = False
 
     def __post_init__(self) -> None:
         from .methods import method, method_names
@@ -45,6 +47,10 @@ class QuantizeRecipe:
         if self.method not in method_names():
             raise InvalidArgumentError(f"unknown method {self.method!r}: choose {', '.join(method_names())}")
         m = method(self.method)
+        if self.bits is None:
+            object.__setattr__(self, "bits", m.bits[0])
+        if self.float16 and not m.float16:
+            raise InvalidArgumentError(f"float16 applies to weight-only (and is what fp16 does), not {self.method}")
         if self.embedding_bits is None:
             object.__setattr__(self, "embedding_bits", EMBEDDING_BITS_WITH_INT4 if self.bits == 4 else self.bits)
         if self.symmetric is None:
@@ -66,3 +72,8 @@ class QuantizeRecipe:
                                        f"got {self.activation_scale!r}")
         if self.calibration_sequences < 1 or self.calibration_length < 2:
             raise InvalidArgumentError("calibration needs at least one sequence of two tokens")
+
+    @property
+    def half_precision(self) -> bool:
+        """Its graph computes in fp16 (fp16, or weight-only --float16): checked on the GPU where there is one."""
+        return self.float16 or self.bits == 16

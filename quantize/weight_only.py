@@ -130,6 +130,10 @@ def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
                                        rc.embedding_bits)
+    if rc.float16:
+        from .fp16 import to_float16
+
+        model = to_float16(model)  # MatMulNBits' scales and activations become fp16 with the rest
     return Quantized(model, nodes, rc)
 
 
@@ -142,15 +146,20 @@ def _layout(bits: int, symmetric: bool) -> str:
 def storage(recipe: QuantizeRecipe) -> Storage:
     activations = ("float" if recipe.accuracy_level == 0 else
                    f"quantized per block inside MatMulNBits (accuracy_level {recipe.accuracy_level})")
+    if recipe.float16:
+        from .fp16 import ACTIVATIONS
+
+        activations = f"{ACTIVATIONS} (on the CPU: {activations})"
     shape = "(V, C/bs, bs)" if recipe.embedding_bits == 8 else "(V, C/bs, bs/2), two weights per byte"
     return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "
                            f"{recipe.block_size} along K",
                    activations=activations,
                    embedding_and_lm_head=f"tied weight stored once as {_layout(recipe.embedding_bits, recipe.symmetric)} "
                                          f"MatMulNBits blocks {shape}; LM head MatMulNBits, embedding gathers rows "
-                                         "and dequantizes")
+                                         "and dequantizes",
+                   kept_float="position embedding, LayerNorms, biases" + (" (as fp16)" if recipe.float16 else ""))
 
 
 # Activations reach QK^T and PV in float: there is nothing for --quantize-attention to act on.
 METHOD = Method(name="weight-only", check=check, apply=apply, storage=storage, quantizes_attention=False,
-                bits=(8, 4), asymmetric=True)
+                bits=(8, 4), asymmetric=True, float16=True)

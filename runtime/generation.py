@@ -59,15 +59,16 @@ def positions(mask: np.ndarray) -> np.ndarray:
     return np.clip(np.cumsum(mask, axis=-1) - 1, 0, None)
 
 
-def prefill(state: DecodeState, ids: np.ndarray, mask: np.ndarray, chunk: int | None = PREFILL_CHUNK) -> np.ndarray:
+def prefill(state: DecodeState, ids: np.ndarray, mask: np.ndarray, chunk: int | None = PREFILL_CHUNK,
+            argmax: bool = False) -> np.ndarray:
     """Run the left-padded prompt (B, L) into a fresh cache, `chunk` positions per run (None: one run)
-    -> last-position logits (B, V); the state then holds all L positions."""
+    -> last-position logits (B, V), or with argmax the greedy tokens (B,); the state then holds all L positions."""
     pos = positions(mask)
     length = ids.shape[1]
     chunk = chunk or length
     for start in range(0, length, chunk):
         end = min(length, start + chunk)
-        logits = state.run(np.ascontiguousarray(ids[:, start:end]), np.ascontiguousarray(mask[:, :end]),
+        logits = (state.run_argmax if argmax and end == length else state.run)(np.ascontiguousarray(ids[:, start:end]), np.ascontiguousarray(mask[:, :end]),
                            np.ascontiguousarray(pos[:, start:end]))
     return logits
 
@@ -136,14 +137,18 @@ def run_generation(
                           np.random.default_rng(params.seed), list(p)) for p in prompts]
     start = time.perf_counter()
     state = variant.start(B, ids.shape[1] + max_new_tokens)  # room for every token of this generation
-    logits = prefill(state, ids, mask, variant.prefill_chunk(B, prefill_chunk))  # (B, V)
+    # Plain greedy picks the tokens where the logits are (on a GPU only the ids come back); the rest reads logits.
+    argmax = params.is_greedy and params.repetition_penalty == 1.0
+    step = state.run_argmax if argmax else state.run
+    logits = prefill(state, ids, mask, variant.prefill_chunk(B, prefill_chunk), argmax)  # (B, V), or (B,) ids
     first = None
     for _ in range(max_new_tokens):
         next_ids = np.full((B, 1), pad_id, dtype=np.int64)
         for b, row in enumerate(rows):
             if row.result.stop:
                 continue  # finished rows keep feeding padding; their outputs are ignored
-            next_ids[b, 0] = tok = select_token(logits[b], params, row.rng, row.seen)
+            tok = int(logits[b]) if argmax else select_token(logits[b], params, row.rng, row.seen)
+            next_ids[b, 0] = tok
             piece = row.take(tok, eos_id, max_new_tokens, context_length)
             if piece:
                 yield b, piece
@@ -153,7 +158,7 @@ def run_generation(
             break
         mask = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1)  # (B, T + 1)
         pos = np.minimum(mask.sum(axis=1, keepdims=True) - 1, context_length - 1)  # finished rows stay in range
-        logits = state.run(next_ids, mask, pos)
+        logits = step(next_ids, mask, pos)
     end = time.perf_counter()
     decoded = sum(len(row.result.ids) - 1 for row in rows)
     for b, row in enumerate(rows):

@@ -30,6 +30,9 @@ class DecodeState(Protocol):
         """input_ids (B, S), attention_mask (B, P + S), position_ids (B, S) int64 -> last-position logits
         (B, V) float32. The returned array may be a view the next run overwrites."""
 
+    def run_argmax(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """As run, but -> the greedy token of each row (B,) int64, picked where the logits are (a GPU)."""
+
     def reorder(self, rows: np.ndarray) -> None:
         """Beam search: row r of the cache becomes what row rows[r] holds now. (B,) int"""
 

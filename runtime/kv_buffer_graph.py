@@ -2,8 +2,12 @@
 
 Each layer's key and value buffer (B, nh, max_len, hs) is allocated once per generation by ONNX
 Runtime on the provider's device and bound as both past and present, so GroupQueryAttention
-writes each step's positions in place. Logits (B, 1, V) land in one preallocated host array.
-Per step only input_ids, attention_mask and position_ids are bound again.
+writes each step's positions in place. Per step only input_ids, attention_mask and position_ids
+are bound again.
+
+Logits (B, 1, V) land in one preallocated array: on the CPU a host array; on the GPU a device
+buffer, from which greedy decoding (run_argmax) picks the tokens there, with a one-node ArgMax
+session bound to it, so only the (B,) ids cross to the host.
 """
 
 from __future__ import annotations
@@ -33,25 +37,56 @@ class KVBufferState:
             binding.bind_ortvalue_input(past, buf)
             binding.bind_ortvalue_output(present, buf)
         graph.bind_keep(binding, 1)  # the LM head runs on the last position only
-        self.logits = np.empty((batch, 1, shape.vocab_size), dtype=graph.logits_dtype)  # overwritten each step
-        binding.bind_output(C.LOGITS, "cpu", 0, self.logits.dtype, self.logits.shape, self.logits.ctypes.data)
+        logits_shape = (batch, 1, shape.vocab_size)
+        self._device = graph.kv_device
+        self._pick = None  # the ArgMax session's binding, on a GPU
+        if self._device == "cpu":
+            self.logits = np.empty(logits_shape, dtype=graph.logits_dtype)  # overwritten each step
+            binding.bind_output(C.LOGITS, "cpu", 0, self.logits.dtype, logits_shape, self.logits.ctypes.data)
+        else:
+            self.device_logits = graph.ort.OrtValue.ortvalue_from_shape_and_type(logits_shape, graph.logits_dtype,
+                                                                                 self._device, 0)
+            binding.bind_ortvalue_output(C.LOGITS, self.device_logits)
+            self.token_ids = np.empty((batch, 1), np.int64)  # what crosses to the host per step
+            self._pick = graph.argmax_session.io_binding()
+            self._pick.bind_ortvalue_input("logits", self.device_logits)
+            self._pick.bind_output("token_ids", "cpu", 0, np.int64, self.token_ids.shape, self.token_ids.ctypes.data)
         self._inputs: tuple[np.ndarray, ...] = ()
         self._held = 0
-        self._device = graph.kv_device
+        self._graph = graph
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+    def _step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> None:
         # ONNX Runtime reads bound host inputs in place: keep them alive until the next step rebinds.
         self._inputs = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids))
         for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
             self._binding.bind_cpu_input(name, array)
         self._session.run_with_iobinding(self._binding)
         self._held = attention_mask.shape[1]  # positions written so far
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        self._step(input_ids, attention_mask, position_ids)
+        if self._pick is not None:  # the whole (B, 1, V) comes over: sampling reads every logit
+            return self.device_logits.numpy()[:, -1, :].astype(np.float32, copy=False)
         return self.logits[:, -1, :].astype(np.float32, copy=False)  # (B, V), a view of self.logits
 
+    def run_argmax(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Greedy tokens (B,) int64; on a GPU picked there (ArgMax takes the first of equal logits, as numpy)."""
+        if self._pick is None:
+            return self.run(input_ids, attention_mask, position_ids).argmax(-1)
+        self._step(input_ids, attention_mask, position_ids)
+        self._graph.argmax_session.run_with_iobinding(self._pick)
+        return self.token_ids[:, 0]
+
     def reorder(self, rows: np.ndarray) -> None:
-        if self._device != "cpu":
-            raise NotImplementedError("beam search over a kv_buffer cache on a GPU is not supported yet")
-        reorder_rows([b.numpy() for b in self.buffers], rows, self._held)  # numpy() is a view on the host
+        if self._device == "cpu":
+            reorder_rows([b.numpy() for b in self.buffers], rows, self._held)  # numpy() is a view on the host
+            return
+        if (rows == np.arange(len(rows))).all():
+            return
+        for buf in self.buffers:  # on a GPU each buffer makes a round trip through the host (numpy() copies)
+            host = buf.numpy()
+            reorder_rows([host], rows, self._held)
+            buf.update_inplace(host)
 
 
 class KVBufferGraph(GraphVariant):
@@ -63,6 +98,18 @@ class KVBufferGraph(GraphVariant):
         # unfed; dirs exported before gptedge 0.1's GenAI support have it as a required input.
         self._keep_required = C.LOGITS_TO_KEEP in {i.name for i in session.get_inputs()}
         self._keep = {k: ort.OrtValue.ortvalue_from_numpy(np.array(k, np.int64)) for k in (0, 1)}  # read-only
+        self._argmax_session = None
+
+    @property
+    def argmax_session(self):
+        """The one-node ArgMax session on the graph's device, made at first use and shared by generations."""
+        if self._argmax_session is None:
+            from .argmax_graph import argmax_model
+            from .session import CUDA_PROVIDER, CPU_PROVIDER
+
+            model = argmax_model(self.logits_dtype == np.float16)
+            self._argmax_session = self.ort.InferenceSession(model, providers=[CUDA_PROVIDER, CPU_PROVIDER])
+        return self._argmax_session
 
     def bind_keep(self, binding, keep: int) -> None:
         """Bind logits_to_keep (0: every position, 1: the last). ONNX Runtime's bind_cpu_input finds

@@ -100,6 +100,8 @@ class QuantizedParity:
     max_abs_logit_diff: float
     top1_agreement: float
     inputs: str
+    device: str = "cpu"  # where the quantized graph ran (the fp32 one always runs on the CPU)
+    greedy_agreement: float | None = None  # identical leading greedy tokens / tokens compared
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class Quantization:
     bits: int = 8  # weight-only: 4 or 8 bits per linear weight
     symmetric: bool = True  # 4-bit: zero point 8, else one 4-bit zero point per block
     embedding_bits: int = 8  # the tied embedding / LM head (may stay 8-bit in a 4-bit recipe)
+    float16: bool = False  # weight-only: the float parts in fp16 (GPUs)
     weights: str = ""  # how the weights are stored
     activations: str = ""
     embedding_and_lm_head: str = ""

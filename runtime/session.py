@@ -87,3 +87,32 @@ def make_session(model_path: str, device: str = "auto", config: SessionConfig = 
                                    provider_options=provider_options)
     log.info("session on %s (providers used: %s)", device, ", ".join(session.get_providers()))
     return session
+
+
+def gpu_description() -> list[dict[str, str]]:
+    """The NVIDIA GPUs nvidia-smi lists (name, driver, memory); [] where there is none or no nvidia-smi."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    fields = ("name", "driver_version", "memory.total", "compute_cap")
+    try:
+        out = subprocess.run([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("nvidia-smi failed: %s", e)
+        return []
+    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
+
+
+def provider_report(session: Any) -> dict[str, Any]:
+    """What `gptedge info` shows of a session: providers used, their options, the GPU when CUDA is one."""
+    ort = import_onnxruntime()
+    used = session.get_providers()
+    report: dict[str, Any] = {"onnxruntime": ort.__version__, "providers_used": used,
+                              "provider_options": {p: session.get_provider_options().get(p, {}) for p in used}}
+    if CUDA_PROVIDER in used:
+        report["gpus"] = gpu_description()
+    return report

@@ -32,6 +32,9 @@ class StandardState:
         logits, *self._past = g.session.run_with_ort_values(g.output_names, feeds)
         return logits.numpy()[:, -1, :].astype(np.float32, copy=False)  # (B, V)
 
+    def run_argmax(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        return self.run(input_ids, attention_mask, position_ids).argmax(-1)  # (B,) int64
+
     def reorder(self, rows: np.ndarray) -> None:
         host = [p if isinstance(p, np.ndarray) else p.numpy() for p in self._past]  # views of host values
         if self._graph.kv_device == "cpu":

@@ -155,7 +155,8 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
 
     import gptedge.quantize.quantizer as q
 
-    done = NS(parity=NS(vs_fp32=NS(top1_agreement=1.0, max_abs_logit_diff=0.0)), quantization=NS(quantized_nodes={}))
+    done = NS(parity=NS(vs_fp32=NS(top1_agreement=1.0, max_abs_logit_diff=0.0, device="cpu", greedy_agreement=1.0)),
+              quantization=NS(quantized_nodes={}))
     quantize = Calls(done)
     monkeypatch.setattr(q, "quantize_model_dir", quantize)
     (tmp_path / "cal.txt").write_text("calibration text", encoding="utf-8")
@@ -170,11 +171,14 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q2"), "--method", "dynamic"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q3"), "--method",
-                                  "weight-only", "--bits", "4", "--symmetric", "--embedding-bits", "4"])
+                                  "weight-only", "--bits", "4", "--symmetric", "--embedding-bits", "4", "--float16"])
     assert result.exit_code == 0, result.output
-    (first, second, third) = quantize.calls
+    result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q4"), "--method", "fp16"])
+    assert result.exit_code == 0, result.output
+    (first, second, third, fourth) = quantize.calls
     recipe = third[0][2]
-    assert (recipe.bits, recipe.symmetric, recipe.embedding_bits) == (4, True, 4)
+    assert (recipe.bits, recipe.symmetric, recipe.embedding_bits, recipe.float16) == (4, True, 4, True)
+    assert fourth[0][2] == q.QuantizeRecipe(method="fp16") and fourth[0][2].bits == 16
     assert first[0][:2] == (str(gpt2_model_dir), str(out))
     recipe = first[0][2]
     assert recipe == q.QuantizeRecipe(method="static", per_channel=False, block_size=64, accuracy_level=0,
@@ -265,12 +269,13 @@ def test_verbose_logs_progress(gpt2_model_dir, tmp_path):
 
 
 def test_every_option_is_tested():
-    """Each command's options appear in these tests (--markdown / --plot: the real compare run in test_eval_compare;
+    """Each command's options appear in these tests (--markdown / --plot: the real compare run in test_eval_compare; --precision: test_fp16;
     serve: the real server in test_serve)."""
     from pathlib import Path
 
     here = Path(__file__).parent
-    source = "".join((here / name).read_text() for name in ("test_cli.py", "test_eval_compare.py", "test_serve.py"))
+    source = "".join((here / name).read_text() for name in ("test_cli.py", "test_eval_compare.py", "test_serve.py",
+                                                                     "test_fp16.py"))
     for name, command in main.commands.items():
         for param in command.params:
             if isinstance(param, __import__("click").Option):

@@ -1,0 +1,160 @@
+"""One benchmark row on a GPU, as a JSON line on stdout: gptedge or a peer, one batch size.
+
+Every engine gets the same seeded prompt ids (runtime.bench.bench_prompts), greedy, past eos, and is
+timed the same way as `gptedge bench --peers` times its peers: the time to generate 1 token is the
+first-token time; decode tok/s = batch x (new - 1) / (time for `new` tokens - first-token time);
+the median of --repeat runs after a warm-up. CUDA work is synchronised before each clock read.
+
+    python benchmarks/gpu_peers.py ENGINE --source CKPT --model-dir DIR --batch 8 [--device cuda]
+
+ENGINE: gptedge | torch | torch-compile | optimum | genai. Run by benchmarks/gpu_bench.py, one process
+per row, so each row's GPU memory is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gptedge.runtime.bench import bench_prompts  # noqa: E402
+
+
+def timed(generate, new_tokens: int, batch: int, repeat: int, sync=lambda: None) -> dict:
+    generate(2)  # warm-up (and compilation)
+    sync()
+    ttfts, rates = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        generate(1)
+        sync()
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        generate(new_tokens)
+        sync()
+        total = time.perf_counter() - t0
+        ttfts.append(ttft)
+        rates.append(batch * (new_tokens - 1) / max(total - ttft, 1e-9))
+    return {"ttft_ms": 1000 * statistics.median(ttfts), "decode_tok_s": statistics.median(rates), "runs": rates}
+
+
+def gptedge_row(a, prompts) -> dict:
+    from gptedge.runtime import load
+
+    t0 = time.perf_counter()
+    model = load(a.model_dir, device=a.device)
+    load_s = time.perf_counter() - t0
+    model.generate_batch(prompts, max_new_tokens=4, greedy=True, ignore_eos=True, with_text=False)  # warm-up
+    ttft, rates = [], []
+    for _ in range(a.repeat):  # exactly `gptedge bench`'s measurement (runtime/bench.py)
+        out = model.generate_batch(prompts, max_new_tokens=a.new, greedy=True, ignore_eos=True, with_text=False)
+        ttft.append(out[0].time_to_first_token_s)
+        rates.append(out[0].tokens_per_s)
+    m = model.manifest
+    method = m.quantization.method if m.quantization and m.quantization.method != m.precision else ""
+    return {"engine": f"gptedge {m.precision} {method}".strip(),
+            "load_s": load_s, "ttft_ms": 1000 * statistics.median(ttft), "decode_tok_s": statistics.median(rates),
+            "runs": rates, "providers": model.providers}
+
+
+def torch_row(a, prompts, compile_: bool) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(a.source, torch_dtype=torch.float16).to(a.device).eval()
+    if compile_:  # a static cache and a compiled forward: the transformers recipe for torch.compile
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    load_s = time.perf_counter() - t0
+    ids = torch.tensor(prompts, device=a.device)
+
+    def generate(n: int) -> None:
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)
+
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    row = timed(generate, a.new, len(prompts), a.repeat, sync)
+    return {"engine": f"transformers fp16 {'torch.compile' if compile_ else 'eager'}", "load_s": load_s, **row,
+            "versions": f"torch {torch.__version__}"}
+
+
+def optimum_row(a, prompts) -> dict:
+    import torch
+    from optimum.exporters.onnx import main_export
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    out = Path(a.work) / "optimum-fp16"
+    if not (out / "model.onnx").is_file():
+        main_export(a.source, out, task="text-generation-with-past", device=a.device, dtype="fp16")
+    t0 = time.perf_counter()
+    model = ORTModelForCausalLM.from_pretrained(out, provider="CUDAExecutionProvider" if a.device == "cuda"
+                                                else "CPUExecutionProvider", use_io_binding=a.device == "cuda")
+    load_s = time.perf_counter() - t0
+    ids = torch.tensor(prompts, device=a.device)
+
+    def generate(n: int) -> None:
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=0)
+
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    return {"engine": "Optimum ORTModelForCausalLM fp16", "load_s": load_s, **timed(generate, a.new, len(prompts),
+                                                                                       a.repeat, sync)}
+
+
+def genai_row(a, prompts) -> dict:
+    import numpy as np
+    import onnxruntime_genai as og
+
+    t0 = time.perf_counter()
+    config = og.Config(str(a.model_dir))
+    config.clear_providers()
+    if a.device == "cuda":
+        config.append_provider("cuda")
+    model = og.Model(config)
+    load_s = time.perf_counter() - t0
+    ids = np.array(prompts, dtype=np.int32)
+
+    def generate(n: int) -> None:
+        params = og.GeneratorParams(model)
+        total = ids.shape[1] + n
+        params.set_search_options(do_sample=False, max_length=total, min_length=total, batch_size=ids.shape[0])
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids)
+        for _ in range(n):
+            generator.generate_next_token()
+        generator.get_sequence(0)  # the ids reach the host: the run is over
+
+    return {"engine": f"ONNX Runtime GenAI ({Path(a.model_dir).name})", "load_s": load_s,
+            **timed(generate, a.new, len(prompts), a.repeat), "versions": f"onnxruntime-genai {og.__version__}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("engine", choices=["gptedge", "torch", "torch-compile", "optimum", "genai"])
+    ap.add_argument("--source", help="HF checkpoint (torch, optimum)")
+    ap.add_argument("--model-dir", help="gptedge model dir (gptedge, genai)")
+    ap.add_argument("--work", default="/tmp/gpu-bench", help="scratch (Optimum's export)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--vocab", type=int, default=50257)
+    a = ap.parse_args()
+    prompts = bench_prompts(a.vocab, a.batch, a.prompt)
+    rows = {"gptedge": lambda: gptedge_row(a, prompts), "torch": lambda: torch_row(a, prompts, False),
+            "torch-compile": lambda: torch_row(a, prompts, True), "optimum": lambda: optimum_row(a, prompts),
+            "genai": lambda: genai_row(a, prompts)}
+    row = rows[a.engine]()
+    print(json.dumps({"batch": a.batch, **row}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
