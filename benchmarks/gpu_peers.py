@@ -70,7 +70,9 @@ def torch_row(a, prompts, compile_: bool) -> dict:
     model = AutoModelForCausalLM.from_pretrained(a.source, torch_dtype=torch.float16).to(a.device).eval()
     if compile_:  # a static cache and a compiled forward: the transformers recipe for torch.compile
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        # mode="reduce-overhead" (CUDA graphs) fails inside generate here ("accessing tensor output of
+        # CUDAGraphs that has been overwritten by a subsequent run"): the default mode
+        model.forward = torch.compile(model.forward, fullgraph=True)
     load_s = time.perf_counter() - t0
     ids = torch.tensor(prompts, device=a.device)
 
@@ -91,8 +93,18 @@ def optimum_row(a, prompts) -> dict:
     from optimum.onnxruntime import ORTModelForCausalLM
 
     out = Path(a.work) / "optimum-fp16"
-    if not (out / "model.onnx").is_file():
-        main_export(a.source, out, task="text-generation-with-past", device=a.device, dtype="fp16")
+    if not (out / "model.onnx").is_file():  # Optimum's own dtype="fp16" export fails to load (LayerNormalization
+        # bound to float and float16): export fp32, then ONNX Runtime's fp16 converter, as Optimum's O4 level does
+        import shutil
+
+        import onnx
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        fp32 = Path(a.work) / "optimum-fp32"
+        main_export(a.source, fp32, task="text-generation-with-past", device=a.device)
+        shutil.copytree(fp32, out, ignore=shutil.ignore_patterns("model.onnx*"))
+        half = convert_float_to_float16(onnx.load(str(fp32 / "model.onnx")), keep_io_types=True)
+        onnx.save(half, str(out / "model.onnx"))
     t0 = time.perf_counter()
     model = ORTModelForCausalLM.from_pretrained(out, provider="CUDAExecutionProvider" if a.device == "cuda"
                                                 else "CPUExecutionProvider", use_io_binding=a.device == "cuda")

@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     model = GPT2LMHeadModel(GPT2Config(**SIZES[args.size])).eval()  # vocab 50257, context 1024
-    model.save_pretrained(args.out)
+    model.save_pretrained(args.out, max_shard_size="64GB")  # one model.safetensors (gptedge reads unsharded)
     # GPT-2's original tokenizer files, under the names transformers and CTranslate2 read.
     shutil.copyfile(TOKENIZER / "encoder.json", args.out / "vocab.json")
     shutil.copyfile(TOKENIZER / "vocab.bpe", args.out / "merges.txt")

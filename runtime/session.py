@@ -82,6 +82,9 @@ def make_session(model_path: str, device: str = "auto", config: SessionConfig = 
     if config.profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = config.profile_prefix
+    if CUDA_PROVIDER in providers and hasattr(ort, "preload_dlls"):
+        # CUDA and cuDNN from pip's nvidia-* packages (onnxruntime-gpu >= 1.21 finds them there)
+        ort.preload_dlls()
     provider_options = [dict(config.provider_options)] + [{} for _ in providers[1:]]
     session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
                                    provider_options=provider_options)

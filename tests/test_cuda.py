@@ -68,7 +68,7 @@ def test_device_argmax_equals_host_argmax_on_cuda(dirs):
 
     model = load(dirs["fp16-kv_buffer"], device="cuda")
     assert model.providers[0] == CUDA_PROVIDER and model.variant.kv_device == "cuda"
-    ids, mask = left_pad([model.tokenizer.encode(p) for p in PROMPTS], 0)
+    ids, mask = left_pad([model.tokenizer.encode(p).ids for p in PROMPTS], 0)
     a, b = model.variant.start(3, ids.shape[1] + 8), model.variant.start(3, ids.shape[1] + 8)
     pos = positions(mask)
     for _ in range(8):  # step both caches with the same tokens: the device pick equals numpy's on the logits
