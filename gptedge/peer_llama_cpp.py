@@ -21,11 +21,15 @@ guard -> convert -> quantize -> load, as a llama.cpp user does it:
 from __future__ import annotations
 
 import ctypes
+import io
+import json
 import logging
 import os
 import subprocess
 import sys
 import tarfile
+import tempfile
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +77,28 @@ cli.main()
 """
 
 
+@contextmanager
+def llama_log_to_info():
+    """llama.cpp's own log (fallback quantizations, context notes) reaches stderr whatever llama-cpp-python's
+    verbose says, through fd 2 (the C side) or sys.stderr (llama_cpp's log callback): hold both and pass
+    them on as INFO lines (`gptedge -v`)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    printed = io.StringIO()
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            with redirect_stderr(printed):
+                yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in (held.read().decode("utf-8", "replace") + printed.getvalue()).splitlines():
+                if line.strip():
+                    log.info("llama.cpp: %s", line)
+
+
 def converter_hint() -> str:
     return (f"llama.cpp's {CONVERTER} was not found: it ships in llama-cpp-python's source distribution; "
             f"`pip download --no-deps --no-binary :all: llama-cpp-python==VERSION -d DIR` (the installed version), "
@@ -111,6 +137,21 @@ def unpack_converter(archive: Path, work: Path) -> Path:
     return out / CONVERTER
 
 
+def with_n_ctx(source: Path, work: Path) -> Path:
+    """The converter reads GPT-2's context from config.json's `n_ctx`, which transformers no longer writes
+    (only `n_positions`): a checkpoint without it is linked into work/llama-source with it added."""
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    if "n_ctx" in config or "n_positions" not in config:
+        return source
+    linked = work / "llama-source"
+    linked.mkdir()
+    for f in source.iterdir():
+        if f.name != "config.json":
+            (linked / f.name).symlink_to(f.resolve())
+    (linked / "config.json").write_text(json.dumps({**config, "n_ctx": config["n_positions"]}), encoding="utf-8")
+    return linked
+
+
 def convert_to_gguf(source: Path, work: Path) -> Path:
     """The checkpoint as an f32 GGUF under work (once)."""
     out = work / "model-f32.gguf"
@@ -121,7 +162,7 @@ def convert_to_gguf(source: Path, work: Path) -> Path:
         raise PeerError(converter_hint())
     converter = where if where.name == CONVERTER else unpack_converter(where, work)
     log.info("llama.cpp: converting %s with %s", source, converter)
-    done = subprocess.run([sys.executable, "-c", _CONVERT, str(converter), str(source), str(out)],
+    done = subprocess.run([sys.executable, "-c", _CONVERT, str(converter), str(with_n_ctx(source, work)), str(out)],
                           capture_output=True, text=True)
     if done.returncode != 0 or not out.is_file():
         lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
@@ -138,11 +179,11 @@ def quantize_gguf(f32: Path, recipe: str, threads: int) -> Path:
     out = f32.with_name(f"model-{recipe}.gguf")
     if out.exists():
         return out
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's own log, printed by llama_cpp
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, FTYPES[recipe])
     params.nthread = threads
-    rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), ctypes.byref(params))
+    with llama_log_to_info():
+        rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), ctypes.byref(params))
     if rc != 0 or not out.is_file():
         raise PeerError(f"llama.cpp could not quantize {f32.name} to {recipe} (llama_model_quantize returned {rc})")
     return out
@@ -157,8 +198,9 @@ class LlamaCppScorer:
 
         options = dict(n_ctx=context_length, n_batch=context_length, n_ubatch=context_length, n_threads=threads,
                        n_threads_batch=threads, verbose=False)
-        self.scoring = Llama(str(gguf), logits_all=True, **options)  # every position's logits
-        self.decoding = Llama(str(gguf), **options)  # as users load it: the last position's logits only
+        with llama_log_to_info():
+            self.scoring = Llama(str(gguf), logits_all=True, **options)  # every position's logits
+            self.decoding = Llama(str(gguf), **options)  # as users load it: the last position's logits only
         if self.scoring.n_vocab() != vocab_size:
             raise PeerError(f"llama.cpp's {gguf.name} has {self.scoring.n_vocab()} tokens, the checkpoint {vocab_size}")
         self.vocab_size, self.context_length = vocab_size, context_length
