@@ -204,6 +204,9 @@ class LlamaCppScorer:
         if self.scoring.n_vocab() != vocab_size:
             raise PeerError(f"llama.cpp's {gguf.name} has {self.scoring.n_vocab()} tokens, the checkpoint {vocab_size}")
         self.vocab_size, self.context_length = vocab_size, context_length
+        # Warm the decoding context (its first run allocates buffers): the other engines score the windows with
+        # the very model they then decode with, so their first timed continuation starts warm too.
+        self.greedy([0], 2, None)
         self.info = PeerInfo(f"llama.cpp {recipe}", f"llama-cpp-python {llama_cpp.__version__}", PRECISIONS[recipe],
                              f"llama.cpp {recipe}", gguf.stat().st_size)
 
