@@ -3,7 +3,8 @@
 transformers' PyTorch generate, Optimum's ORTModelForCausalLM (fp32 and its dynamic INT8),
 CTranslate2 (float32 and int8), and ONNX Runtime GenAI on the benchmarked model dir itself. Each needs
 its package (`errors.install_hint('peers')`); a missing one is
-reported as a row note, not an error.
+reported as a row note, not an error. The conversions and loaders (`ctranslate2_model_dir`,
+`optimum_model_dir`, `load_optimum`, `with_hf_tokenizer`) are also those of compare's peers (peer_accuracy.py).
 """
 
 from __future__ import annotations
