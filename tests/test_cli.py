@@ -35,6 +35,14 @@ def test_help_and_version(runner):
     assert result.exit_code == 0 and __version__ in result.output
 
 
+def test_every_command_has_help(runner):
+    """`COMMAND -h` for each command (bench and compare's --peers type once broke it on click 8.2+)."""
+    for name, command in main.commands.items():
+        result = runner.invoke(main, [name, "-h"])
+        assert result.exit_code == 0 and result.output.startswith(f"Usage: main {name}"), (name, result.output)
+    assert "ctranslate2,llama.cpp,optimum" in runner.invoke(main, ["compare", "-h"]).output
+
+
 def test_export_command(runner, gpt2_checkpoint, tmp_path):
     result = runner.invoke(main, ["export", str(gpt2_checkpoint), "-o", str(tmp_path / "m")])
     assert result.exit_code == 0, result.output
