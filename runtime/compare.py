@@ -186,7 +186,8 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
         if progress:
             progress(w.end - 1, len(text_ids) - 1)
     greedy = greedy_prompts(text_ids, prompts, min(prompt_length, context - new_tokens - 1))
-    ref_out = [ref.generate(p, max_new_tokens=new_tokens, greedy=True) for p in greedy]
+    # Ids only (with_text=False): the peers' loops decode no text either, so the tok/s columns time the same work.
+    ref_out = [ref.generate(p, max_new_tokens=new_tokens, greedy=True, with_text=False) for p in greedy]
     result = []
     ref_ppl = math.exp(nll[0] / count)
 
@@ -198,7 +199,8 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
                     tokens_per_s=float(np.mean([o.tokens_per_s for o in outs])))
 
     for i, m in enumerate(models):
-        outs = ref_out if i == 0 else [m.generate(p, max_new_tokens=new_tokens, greedy=True) for p in greedy]
+        outs = ref_out if i == 0 else [m.generate(p, max_new_tokens=new_tokens, greedy=True, with_text=False)
+                                       for p in greedy]
         q = m.manifest.quantization
         result.append(CompareRow(
             model=str(m.model_dir), precision=m.manifest.precision,

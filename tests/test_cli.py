@@ -228,6 +228,8 @@ def test_compare_passes_every_option(runner, monkeypatch, captured_load, gpt2_mo
     assert len(models) == 2 and len(ids) == 40 and kw["prompts"] == 2 and kw["new_tokens"] == 3
     assert [c[1]["device"] for c in load.calls] == ["cpu", "cpu"] and load.calls[0][1]["session"].threads == 1
     assert len(json.loads(result.stdout)) == 2
+    _, proxy = captured_load  # greedy agreement / tok/s: ids only, as the peers' loops (no text decoding timed)
+    assert proxy.generate.calls and all(kw["with_text"] is False for _, kw in proxy.generate.calls)
 
 
 def test_compare_passes_peers_and_source(runner, monkeypatch, captured_load, gpt2_model_dir, gpt2_checkpoint, tmp_path):
