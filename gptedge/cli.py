@@ -19,6 +19,7 @@ from gptedge.atomic import atomic_output_file, check_output, check_output_file, 
 from gptedge.cli_errors import debug_from_env, report, signals_raise
 from gptedge.cli_options import (CommaChoice, count, device_option, diag, import_extra, progress, read_text,
                                  threads_option, utf8_text)
+from gptedge.peer_accuracy import COMPARE_PEERS
 from gptedge.peers import PEERS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -290,14 +291,25 @@ def eval_(model: str, text_file: str, stride: int | None, device: str, threads: 
 @click.option("--prompts", default=8, show_default=True, type=count(1), help="Greedy agreement: number of prompts.")
 @click.option("--new-tokens", default=32, show_default=True, type=count(1), help="Greedy agreement: tokens per prompt.")
 @click.option("--max-tokens", default=None, type=count(2), help="Use only the first N (>= 2) tokens of the text.")
+@click.option("--peers", default="", type=CommaChoice(COMPARE_PEERS),
+              help="Comma list of peer engines that quantize REF's HF checkpoint their own way and are scored on the "
+                   "same windows (CPU): ctranslate2 int8 / int8_float32, llama.cpp Q8_0 / Q4_K_M / Q4_0 (needs "
+                   "$GPTEDGE_LLAMA_CPP_SOURCE, see README), optimum dynamic int8. One not installed is skipped "
+                   "with a hint.")
+@click.option("--source", type=click.Path(file_okay=False, path_type=str),
+              help="HF checkpoint for the peers (default: the one REF's manifest records).")
 @device_option
 @threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=str), help="Also write the table here.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=str), help="Also draw size vs Δppl and speed (PNG).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=str),
+              help="Also draw size vs Δppl, size vs speed and the KL vs tok/s frontier (PNG).")
 def compare(ref: str, models: tuple[str, ...], text_file: str, prompts: int, new_tokens: int, max_tokens: int | None,
-            device: str, threads: int, as_json: bool, markdown: str | None, plot: str | None) -> None:
-    """Compare MODELS against REF on one text: size, perplexity, agreement, KL, speed."""
+            peers: list[str], source: str | None, device: str, threads: int, as_json: bool, markdown: str | None,
+            plot: str | None) -> None:
+    """Compare MODELS (and peer engines) against REF on one text: size, perplexity, agreement, KL, speed."""
+    from contextlib import nullcontext
+
     from gptedge.runtime import SessionConfig, load
     from gptedge.runtime.compare import check_comparable, markdown_table
     from gptedge.runtime.compare import compare as run_compare
@@ -307,11 +319,22 @@ def compare(ref: str, models: tuple[str, ...], text_file: str, prompts: int, new
             check_output_file(path)
     if plot:
         import_extra("matplotlib", "plot")
+    peer_source = _peer_source(ref, source) if peers else None
     text = read_text(text_file)
     loaded = [load(m, device=device, session=SessionConfig(threads=threads)) for m in (ref, *models)]
     check_comparable(loaded, prompts, new_tokens)
     ids = loaded[0].encode(text)[:max_tokens]
-    rows = run_compare(loaded, ids, prompts=prompts, new_tokens=new_tokens, progress=progress("comparing"))
+    if peers:
+        from gptedge.peer_accuracy import open_peers
+
+        opened = open_peers(peers, peer_source, Path(ref), threads, notify=diag)
+    else:
+        opened = nullcontext(([], []))
+    with opened as (scorers, skipped):
+        for line in skipped:
+            diag(line)
+        rows = run_compare(loaded, ids, prompts=prompts, new_tokens=new_tokens, progress=progress("comparing"),
+                           peers=scorers)
     table = markdown_table(rows, len(ids), text_file)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -334,6 +357,9 @@ def _peer_source(model_dir: str, source: str | None) -> Path:
     from gptedge.runtime.manifest import read_manifest
 
     if source:
+        if not Path(source, "config.json").is_file():
+            raise click.BadParameter(f"{source} has no config.json: not a Hugging Face checkpoint dir",
+                                     param_hint="'--source'")
         return Path(source)
     path = read_manifest(model_dir).source.checkpoint
     if not path or not Path(path, "config.json").is_file():

@@ -81,7 +81,7 @@ class CommaChoice(click.ParamType):
     def __init__(self, choices: tuple[str, ...]):
         self.choices = choices
 
-    def get_metavar(self, param, *args) -> str:
+    def get_metavar(self, param, *args, **kwargs) -> str:  # click >= 8.2 passes ctx= by keyword
         return ",".join(self.choices)
 
     def convert(self, value, param, ctx):

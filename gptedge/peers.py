@@ -3,7 +3,8 @@
 transformers' PyTorch generate, Optimum's ORTModelForCausalLM (fp32 and its dynamic INT8),
 CTranslate2 (float32 and int8), and ONNX Runtime GenAI on the benchmarked model dir itself. Each needs
 its package (`errors.install_hint('peers')`); a missing one is
-reported as a row note, not an error.
+reported as a row note, not an error. The conversions and loaders (`ctranslate2_model_dir`,
+`optimum_model_dir`, `load_optimum`, `with_hf_tokenizer`) are also those of compare's peers (peer_accuracy.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,32 +59,52 @@ def bench_torch(source: Path, prompts, new_tokens: int, threads: int, repeat: in
     return BenchRow("transformers (PyTorch eager) fp32", load_s, ttft, rate, peak_rss_mb(), f"torch {torch.__version__}", runs)
 
 
+OPTIMUM_INT8 = "dynamic int8 (avx512_vnni, per-channel)"  # Optimum's dynamic recipe, as its users get it
+
+
+def optimum_model_dir(source: Path, int8: bool, work: Path) -> Path:
+    """Optimum's export of the checkpoint under `work` (once), and with int8 its dynamic INT8 quantization."""
+    from optimum.onnxruntime import ORTModelForCausalLM, ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    fp32_dir = work / "optimum-fp32"
+    if not fp32_dir.exists():
+        with warnings.catch_warnings():  # torch.onnx's tracer warnings about transformers' code, not the user's
+            warnings.simplefilter("ignore")
+            ORTModelForCausalLM.from_pretrained(source, export=True).save_pretrained(fp32_dir)
+    if not int8:
+        return fp32_dir
+    model_dir = work / "optimum-int8"
+    if not model_dir.exists():
+        quantizer = ORTQuantizer.from_pretrained(fp32_dir)
+        quantizer.quantize(save_dir=model_dir, quantization_config=AutoQuantizationConfig.avx512_vnni(
+            is_static=False, per_channel=True))
+        for f in fp32_dir.glob("*.json"):
+            if not (model_dir / f.name).exists():
+                (model_dir / f.name).write_bytes(f.read_bytes())
+    return model_dir
+
+
+def load_optimum(model_dir: Path, threads: int):
+    """ORTModelForCausalLM on CPU with `threads` intra-op threads."""
+    import onnxruntime as ort
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    name = next(p.name for p in model_dir.glob("*.onnx"))
+    return ORTModelForCausalLM.from_pretrained(model_dir, file_name=name, session_options=options,
+                                               provider="CPUExecutionProvider")
+
+
 def bench_optimum(source: Path, prompts, new_tokens: int, threads: int, repeat: int, int8: bool,
                   work: Path) -> BenchRow:
     import onnxruntime as ort
     import torch
-    from optimum.onnxruntime import ORTModelForCausalLM, ORTQuantizer
-    from optimum.onnxruntime.configuration import AutoQuantizationConfig
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    fp32_dir = work / "optimum-fp32"
-    if not fp32_dir.exists():
-        ORTModelForCausalLM.from_pretrained(source, export=True).save_pretrained(fp32_dir)
-    model_dir = fp32_dir
-    if int8:
-        model_dir = work / "optimum-int8"
-        if not model_dir.exists():
-            quantizer = ORTQuantizer.from_pretrained(fp32_dir)
-            quantizer.quantize(save_dir=model_dir, quantization_config=AutoQuantizationConfig.avx512_vnni(
-                is_static=False, per_channel=True))
-            for f in fp32_dir.glob("*.json"):
-                if not (model_dir / f.name).exists():
-                    (model_dir / f.name).write_bytes(f.read_bytes())
+    model_dir = optimum_model_dir(source, int8, work)
     t0 = time.perf_counter()
-    name = next(p.name for p in model_dir.glob("*.onnx"))
-    model = ORTModelForCausalLM.from_pretrained(model_dir, file_name=name, session_options=options,
-                                                provider="CPUExecutionProvider")
+    model = load_optimum(model_dir, threads)
     load_s = time.perf_counter() - t0
     ids = torch.tensor(prompts)
 
@@ -91,8 +113,18 @@ def bench_optimum(source: Path, prompts, new_tokens: int, threads: int, repeat: 
                        do_sample=False, pad_token_id=0)
 
     ttft, rate, runs = _timed(generate, new_tokens, len(prompts), repeat)
-    label = "Optimum ORT " + ("dynamic int8 (avx512_vnni, per-channel)" if int8 else "fp32")
+    label = "Optimum ORT " + (OPTIMUM_INT8 if int8 else "fp32")
     return BenchRow(label, load_s, ttft, rate, peak_rss_mb(), f"onnxruntime {ort.__version__}", runs)
+
+
+def ctranslate2_model_dir(source: Path, quantization: str, work: Path) -> Path:
+    """CTranslate2's conversion of the checkpoint with its own quantization, under `work` (once)."""
+    import ctranslate2
+
+    out = work / f"ct2-{quantization}"
+    if not out.exists():
+        ctranslate2.converters.TransformersConverter(str(source)).convert(str(out), quantization=quantization)
+    return out
 
 
 def bench_ctranslate2(source: Path, prompts, new_tokens: int, threads: int, repeat: int, compute_type: str,
@@ -100,9 +132,7 @@ def bench_ctranslate2(source: Path, prompts, new_tokens: int, threads: int, repe
     import ctranslate2
     from transformers import AutoTokenizer
 
-    out = work / f"ct2-{compute_type}"
-    if not out.exists():
-        ctranslate2.converters.TransformersConverter(str(source)).convert(str(out), quantization=compute_type)
+    out = ctranslate2_model_dir(source, compute_type, work)
     t0 = time.perf_counter()
     generator = ctranslate2.Generator(str(out), device="cpu", compute_type=compute_type, intra_threads=threads)
     load_s = time.perf_counter() - t0

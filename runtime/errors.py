@@ -62,6 +62,10 @@ class QuantizationError(GptEdgeError):
     """A model cannot be quantized as asked (already quantized, calibration text too short, ...)."""
 
 
+class PeerError(GptEdgeError):
+    """A peer engine (CTranslate2, llama.cpp, Optimum) failed to convert, quantize or run a checkpoint."""
+
+
 # The one place that says how to install a missing part (the runtime, the CLI, the sample model and
 # the bench peers all use it). torch comes first and pinned, so pip never pulls a CUDA build.
 INSTALL_HINTS = {
@@ -69,7 +73,11 @@ INSTALL_HINTS = {
     "export": "pip install torch==2.13.0 'gptedge[export]'",
     "quantize": "pip install 'gptedge[quantize]'",
     "plot": "pip install 'gptedge[plot]'",
-    "peers": "pip install torch==2.13.0 'gptedge[test]' (transformers, optimum); pip install ctranslate2",
+    "peers": "pip install torch==2.13.0 'gptedge[test]' (transformers, optimum, ctranslate2)",
+    "ctranslate2": "pip install ctranslate2 (also in 'gptedge[test]')",
+    "optimum": "pip install torch==2.13.0 'gptedge[test]' (optimum-onnx)",
+    # No wheel on PyPI: pip compiles llama.cpp (README: "Building llama-cpp-python").
+    "llama.cpp": "CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python==0.3.36 (compiles llama.cpp: 8-25 min on 2 cores)",
 }
 
 

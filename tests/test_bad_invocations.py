@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import EXCERPT, tiny_reference
+from .conftest import EXCERPT, tiny_reference, write_checkpoint
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 GPTEDGE = Path(sys.executable).with_name("gptedge")
@@ -212,6 +212,18 @@ ROWS = [
     Row("quantize-static-without-calibration", ["quantize", "m", "-o", "x", "--method", "static"], 2,
         "--method static needs --calibration", ("m",)),
     Row("bench-unknown-peer", ["bench", "m", "--peers", "torch,jax"], 2, "unknown 'jax': choose from", ("m",)),
+    Row("compare-unknown-peer", ["compare", "m", "--text", "text.txt", "--peers", "ctranslate2,jax"], 2,
+        "unknown 'jax': choose from ctranslate2, llama.cpp, optimum", ("m", "text.txt")),
+    Row("compare-peers-source-not-a-checkpoint", ["compare", "m", "--text", "text.txt", "--peers", "ctranslate2",
+                                                  "--source", "empty"], 2,
+        "empty has no config.json: not a Hugging Face checkpoint dir", ("m", "text.txt"),
+        lambda w: (w / "empty").mkdir()),
+    Row("compare-peers-no-checkpoint-recorded", ["compare", "v", "--text", "text.txt", "--peers", "optimum"], 1,
+        "v: no HF checkpoint recorded for the peers; pass --source DIR", ("v", "text.txt")),
+    Row("compare-peers-source-other-vocabulary", ["compare", "m", "--text", "text.txt", "--peers", "ctranslate2",
+                                                  "--source", "ck1000"], 2,
+        "ck1000 has a vocabulary of 1000 tokens, the reference m 50257: the peers must quantize the reference's own",
+        ("m", "text.txt"), lambda w: write_checkpoint(tiny_reference("gpt2", vocab_size=1000), w / "ck1000")),
     Row("export-unknown-graph", ["export", "ck", "-o", "x", "--graph", "paged"], 2, "'paged' is not one of", ("ck",)),
     Row("unknown-option", ["generate", "m", "-p", "Hi", "--temp", "0.5"], 2, "No such option '--temp'", ("m",)),
     # --- the bad-input rows test_cli.py had (DESIGN §8) ------------------------------------------------------

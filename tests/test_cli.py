@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -32,6 +33,14 @@ def test_help_and_version(runner):
         assert result.exit_code == 0 and "export" in result.output and "generate" in result.output
     result = runner.invoke(main, ["--version"])
     assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_every_command_has_help(runner):
+    """`COMMAND -h` for each command (bench and compare's --peers type once broke it on click 8.2+)."""
+    for name, command in main.commands.items():
+        result = runner.invoke(main, [name, "-h"])
+        assert result.exit_code == 0 and result.output.startswith(f"Usage: main {name}"), (name, result.output)
+    assert "ctranslate2,llama.cpp,optimum" in runner.invoke(main, ["compare", "-h"]).output
 
 
 def test_export_command(runner, gpt2_checkpoint, tmp_path):
@@ -223,6 +232,40 @@ def test_compare_passes_every_option(runner, monkeypatch, captured_load, gpt2_mo
     assert len(models) == 2 and len(ids) == 40 and kw["prompts"] == 2 and kw["new_tokens"] == 3
     assert [c[1]["device"] for c in load.calls] == ["cpu", "cpu"] and load.calls[0][1]["session"].threads == 1
     assert len(json.loads(result.stdout)) == 2
+    _, proxy = captured_load  # greedy agreement / tok/s: ids only, as the peers' loops (no text decoding timed)
+    assert proxy.generate.calls and all(kw["with_text"] is False for _, kw in proxy.generate.calls)
+
+
+def test_compare_passes_peers_and_source(runner, monkeypatch, captured_load, gpt2_model_dir, gpt2_checkpoint, tmp_path):
+    """--peers, --source and --threads reach open_peers; what it builds reaches compare; its skip lines go to stderr."""
+    from contextlib import contextmanager
+
+    import gptedge.peer_accuracy as peer_accuracy
+    import gptedge.runtime.compare as compare
+
+    opened, scorers = [], [object()]
+
+    @contextmanager
+    def fake_open(names, source, model_dir, threads, **kw):
+        opened.append((names, source, model_dir, threads))
+        yield scorers, ["peer llama.cpp skipped: not here"]
+
+    real = compare.compare
+    run = Calls(lambda models, ids, **kw: real(models, ids, **{**kw, "peers": []}))
+    monkeypatch.setattr(peer_accuracy, "open_peers", fake_open)
+    monkeypatch.setattr(compare, "compare", run)
+    (tmp_path / "t.txt").write_text("Hello world, it is a truth universally acknowledged " * 20, encoding="utf-8")
+    base = ["compare", str(gpt2_model_dir), "--text", str(tmp_path / "t.txt"), "--prompts", "1", "--new-tokens", "2",
+            "--threads", "1", "--json"]
+    result = runner.invoke(main, [*base, "--peers", "optimum,llama.cpp", "--source", str(gpt2_checkpoint)])
+    assert result.exit_code == 0, result.output
+    assert opened == [(["optimum", "llama.cpp"], Path(gpt2_checkpoint), Path(gpt2_model_dir), 1)]
+    assert run.calls[0][1]["peers"] is scorers and "peer llama.cpp skipped: not here" in result.stderr
+    result = runner.invoke(main, [*base, "--peers", "ctranslate2"])  # the checkpoint REF's manifest records
+    assert result.exit_code == 0, result.output
+    assert opened[1][1] == Path(gpt2_checkpoint).resolve()
+    result = runner.invoke(main, base)
+    assert result.exit_code == 0 and len(opened) == 2 and run.calls[2][1]["peers"] == []
 
 
 def test_bench_passes_every_option(runner, monkeypatch, gpt2_model_dir, gpt2_checkpoint):
