@@ -72,18 +72,18 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
     check_output(out, force, inputs=[model_dir])
     m = method(recipe.method)
     m.check(recipe, manifest.shape, calibration_text)
-    model = onnx.load(str(model_dir / manifest.model_file))  # external data, if any, is read too
+    # The graph without its weights: the methods read each external weight when they quantize it
+    # (Rewrite, from job.model_dir), so a 6 GB fp32 source is never in memory whole.
+    model = onnx.load(str(model_dir / manifest.model_file), load_external_data=False)
     _check_attention(m, recipe, model)
     with atomic_output_dir(out, force, inputs=[model_dir]) as tmp:
-        work = tmp / WORK_DIR
-        work.mkdir()
-        done = m.apply(QuantizeJob(model, recipe, manifest, model_dir, work, calibration_text, progress))
-        shutil.rmtree(work)
-        save_onnx(done.model, tmp / manifest.model_file)
+        job = QuantizeJob(model, recipe, manifest, model_dir, tmp / WORK_DIR, calibration_text, progress)
+        del model
+        quantization = _rewrite_and_save(m, job, tmp / manifest.model_file)  # its graphs are gone on return
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, tmp / name)
-        new = manifest.replace(precision=f"int{recipe.bits}", quantization=describe(m, done), parity=Parity(),
+        new = manifest.replace(precision=f"int{recipe.bits}", quantization=quantization, parity=Parity(),
                                source=Source(quantized_from=str(model_dir.resolve()), fp32_source=manifest.source,
                                              gptedge_version=__version__))
         write_manifest(tmp, new)
@@ -94,17 +94,32 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
     return new
 
 
+def _rewrite_and_save(m: Method, job: QuantizeJob, path: Path) -> Quantization:
+    """The method's rewrite, saved (weights in external data when big) -> what the manifest says about it."""
+    job.work_dir.mkdir()
+    done = m.apply(job)
+    shutil.rmtree(job.work_dir)
+    save_onnx(done.model, path)
+    return describe(m, done)
+
+
 def compare_with_source(fp32_dir: Path, int8_dir: Path, vocab: int, seed: int = 0) -> QuantizedParity:
-    """A sanity check recorded in the manifest: logits of both graphs on a fixed batch of ids."""
+    """A sanity check recorded in the manifest: logits of both graphs on a fixed batch of ids.
+
+    One session at a time: the fp32 one is released before the quantized one loads (GPT-2 XL's fp32
+    session alone holds 6 GB of prepacked weights)."""
     from gptedge.runtime import load
 
-    ref, got = load(fp32_dir, device="cpu"), load(int8_dir, device="cpu")
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, vocab, size=(2, min(32, ref.manifest.shape.context_length)), dtype=np.int64)
-    mask = np.ones_like(ids)
-    pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).copy()
-    a, _ = ref.forward(ids, mask, pos, ref.empty_past(2))
-    b, _ = got.forward(ids, mask, pos, got.empty_past(2))
+    def logits(model_dir: Path) -> np.ndarray:
+        loaded = load(model_dir, device="cpu")
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, vocab, size=(2, min(32, loaded.manifest.shape.context_length)), dtype=np.int64)
+        mask = np.ones_like(ids)
+        pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).copy()
+        return loaded.forward(ids, mask, pos, loaded.empty_past(2))[0]
+
+    a = logits(fp32_dir)
+    b = logits(int8_dir)
     if not np.isfinite(b).all():
         raise QuantizationError("quantized graph produced non-finite logits")
     return QuantizedParity(max_abs_logit_diff=float(np.abs(a - b).max()),
