@@ -17,7 +17,7 @@ from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.quantize.rewrite import Rewrite
 from gptedge.runtime import load
 
-from .conftest import tiny_reference
+from .conftest import EXCERPT, tiny_reference, write_checkpoint
 
 
 def external_offsets(model_path) -> dict[str, int]:
@@ -121,17 +121,19 @@ def test_big_models_validate_fewer_greedy_positions_and_say_so(tmp_path, monkeyp
 @pytest.fixture(scope="module")
 def inline_and_external(tmp_path_factory):
     """One tiny model exported twice: weights inline, and in model.onnx.data."""
+    from gptedge.export.exporter import export_checkpoint
+
     base = tmp_path_factory.mktemp("big")
-    ref = tiny_reference("gpt2", seed=35, n_embd=64)
-    export_model(ref, base / "inline", validate=False, graph_variant="kv_buffer")
+    ck = write_checkpoint(tiny_reference("gpt2", seed=35, n_embd=64), base / "ck")  # with a tokenizer (static)
+    export_checkpoint(ck, base / "inline", validate=False, graph_variant="kv_buffer")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(onnx_files, "EXTERNAL_DATA_THRESHOLD", 1000)
-        export_model(ref, base / "external", validate=False, graph_variant="kv_buffer")
+        export_checkpoint(ck, base / "external", validate=False, graph_variant="kv_buffer")
     return base
 
 
 RECIPES = {"dynamic": QuantizeRecipe("dynamic"), "weight-only": QuantizeRecipe("weight-only"),
-           "int4": QuantizeRecipe("weight-only", bits=4)}
+           "int4": QuantizeRecipe("weight-only", bits=4), "static": QuantizeRecipe("static", calibration_sequences=4)}
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -139,9 +141,10 @@ def test_quantized_from_external_weights_equals_from_inline(inline_and_external,
     """The quantizer reads an external-data source tensor by tensor and gets what it gets from an inline one;
     a big output goes to external data, page-aligned."""
     base = inline_and_external
-    quantize_model_dir(base / "inline", tmp_path / "a", RECIPES[name])
+    text = EXCERPT.read_text(encoding="utf-8")[:20000] if name == "static" else None
+    quantize_model_dir(base / "inline", tmp_path / "a", RECIPES[name], calibration_text=text)
     monkeypatch.setattr(onnx_files, "EXTERNAL_DATA_THRESHOLD", 1000)
-    quantize_model_dir(base / "external", tmp_path / "b", RECIPES[name])
+    quantize_model_dir(base / "external", tmp_path / "b", RECIPES[name], calibration_text=text)
     assert not (tmp_path / "a" / "model.onnx.data").exists()
     offsets = external_offsets(tmp_path / "b" / "model.onnx")
     assert offsets and all(o % onnx_files.ALIGNMENT == 0 for o in offsets.values())
