@@ -66,7 +66,10 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_state(cfg: GPTConfig, tensors: dict[str, torch.Tensor], origin: str) -> dict[str, torch.Tensor]:
-    """Rename, check every tensor against the reference's parameters, convert to fp32."""
+    """Rename, check every tensor against the reference's parameters, convert to fp32.
+
+    Consumes `tensors`: each entry is dropped once converted, so a fp16 / bf16 source is not held beside
+    its fp32 copy."""
     with torch.device("meta"):
         expected = {k: v.shape for k, v in GPT(cfg).state_dict().items()}
     state: dict[str, torch.Tensor] = {}

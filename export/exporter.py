@@ -41,7 +41,7 @@ MIN_OPSET = DEFAULT_OPSET
 # cores. Past this many bytes of fp32 weights (GPT-2 medium has 1.42 GB, large 3.10 GB) it runs on
 # BIG_MODEL_GREEDY_TOKENS per prompt; rung 3 (prefill + decode steps of a padded batch, every output)
 # stays whole at every size.
-BIG_MODEL_BYTES = 2 * 1024**3
+BIG_MODEL_BYTES = 2 * 10**9
 BIG_MODEL_GREEDY_TOKENS = 16
 
 
