@@ -17,11 +17,13 @@ figure. Step logs go to WORK/logs. Random weights: speed and memory figures only
 
 Memory on a 24 GiB machine: export holds the fp32 weights once (the torch reference; the graph's
 weights are streamed to model.onnx.data), then frees them before ONNX Runtime loads the graph for
-validation, whose prepacked fp32 weights are about 1.1x the file. GPT-2 medium exports at ~1.5x
-its 1.42 GB of fp32 weights (the interpreter, torch and ONNX Runtime themselves are ~0.5 GB of it), so
-XL (6.2 GB) should peak near 7.5-9 GB. Quantize peaks at the fp32 session it validates against (one
-session at a time); generate and bench on fp32 XL at ~7 GB. Disk: about 2.9x the fp32 bytes per size
-(checkpoint, fp32 dir, three quantized dirs): ~4 GB medium, ~9 GB large, ~18 GB XL.
+validation, whose prepacked fp32 weights are about 1.1x the file. Measured (/usr/bin/time, max RSS):
+GPT-2 medium exports at 2.12 GB (1.49x its 1.42 GB of fp32 weights; the interpreter, torch and ONNX
+Runtime themselves are ~0.5 GB of it), large at 3.86 GB (1.25x its 3.10 GB), so XL (6.23 GB) should
+peak near 7.5-8 GB. Quantize peaks at the fp32 session it validates against (one session at a time:
+3.50 GB for large); generate and bench on fp32 XL ~7 GB; building the XL checkpoint ~7.5 GB (large:
+3.75 GB). Disk: about 2.9x the fp32 bytes per size (checkpoint, fp32 dir, three quantized dirs): ~4 GB
+medium, ~9 GB large, ~18 GB XL.
 """
 
 from __future__ import annotations
