@@ -3,6 +3,10 @@
 Constants are asked for by value (`g.f32(0.5)`, `g.i64([1])`), never by a name typed at the
 use site: the same value is stored once, and a constant can't be misspelt into a graph that
 only fails when ONNX Runtime loads it.
+
+Weights go through a WeightSink (gptedge/onnx_files.py): inline for small models, or written to
+the external-data file the moment they are added, so a big model's weights never sit in memory
+as protobuf.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+
+from gptedge.onnx_files import WeightSink
 
 MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops
 FLOAT_MIN = float(np.finfo(np.float32).min)
@@ -20,7 +26,8 @@ FLOAT_MIN = float(np.finfo(np.float32).min)
 class GraphWriter:
     """Collects nodes and initializers with unique names."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: WeightSink | None = None) -> None:
+        self.sink = sink or WeightSink()  # default: every initializer inline
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._count = 0
@@ -39,7 +46,7 @@ class GraphWriter:
 
     def const(self, name: str, value: np.ndarray) -> str:
         """A named initializer (a model weight, or a graph input's default)."""
-        self.initializers.append(numpy_helper.from_array(np.require(value, requirements="C"), name))
+        self.initializers.append(self.sink.tensor(name, value))
         return name
 
     def constant(self, value: np.ndarray) -> str:

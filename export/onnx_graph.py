@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from gptedge.onnx_files import WeightSink
 from gptedge.runtime import contract as C
 
 from .config import GPTConfig
@@ -50,17 +51,19 @@ def _keep_last_positions(g: GraphWriter, h: str) -> str:
 
 
 def build_graph(cfg: GPTConfig, weights: Weights, opset: int = DEFAULT_OPSET, fused: bool = True,
-                graph: str = C.GRAPH_STANDARD) -> onnx.ModelProto:
+                graph: str = C.GRAPH_STANDARD, sink: WeightSink | None = None) -> onnx.ModelProto:
     """weights: the reference GPT's state dict as float32 numpy arrays (reference parameter names).
 
     fused: ONNX Runtime's attention and FastGelu contrib ops (fewer, larger kernels per layer) where
     the family writes them for this config, plain ONNX ops otherwise. graph: "standard" (Optimum's
     contract) or "kv_buffer" (past and present are one preallocated buffer the runtime binds to
-    both, updated in place by GroupQueryAttention); raises ValueError where the family cannot."""
+    both, updated in place by GroupQueryAttention); raises ValueError where the family cannot.
+    sink: where initializers go (default inline; export passes one that streams big models'
+    weights to the external-data file as the graph is written)."""
     fam = family(cfg.arch)
     attention = choose_attention(fam.attention_kinds(cfg), graph, fused, f"{cfg.arch} ({cfg.activation})")
     log.info("%s graph: %s blocks, %s", graph, cfg.arch, attention.__name__)
-    g = GraphWriter()
+    g = GraphWriter(sink)
     g.const(C.LOGITS_TO_KEEP, np.array(0, dtype=np.int64))  # the optional input's default (see _model)
     wte = g.const("wte.weight", weights["wte.weight"])  # (V, C): stored once, used by Gather and the LM head
     wpe = g.const("wpe.weight", weights["wpe.weight"])  # (n_positions, C)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,47 +32,74 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, tuple[int, ...]]:
     return (float(d[idx]) if d.size else 0.0), tuple(int(i) for i in idx)
 
 
-@torch.no_grad()
-def compare_graph(reference: GPT, loaded, batch: int = 2, prompt_len: int = 8, decode_steps: int = 3,
-                  seed: int = 0, tolerance: float = GRAPH_TOLERANCE) -> dict:
-    """Rung 3 on random ids; row b of the batch is left-padded by b tokens. Returns the figures."""
-    cfg = reference.cfg
+@dataclass(frozen=True)
+class Step:
+    """One run of rung 3: ids (B, S), attention mask (B, past + S), position ids (B, S)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    pos: np.ndarray
+
+
+def graph_steps(cfg, batch: int = 2, prompt_len: int = 8, decode_steps: int = 3, seed: int = 0) -> list[Step]:
+    """Rung 3's inputs on random ids: a prefill where row b is left-padded by b tokens, then decode steps."""
     rng = np.random.default_rng(seed)
     prompt_len = min(prompt_len, cfg.n_positions - decode_steps - 1)
     ids = rng.integers(0, cfg.vocab_size, size=(batch, prompt_len), dtype=np.int64)
     mask = np.ones((batch, prompt_len), dtype=np.int64)
     for b in range(batch):
         mask[b, : min(b, prompt_len - 1)] = 0
-    pos = positions(mask)
-    past_ref, past_onnx = None, loaded.empty_past(batch)
+    steps = [Step(ids, mask, positions(mask))]
+    for _ in range(decode_steps):
+        ids = rng.integers(0, cfg.vocab_size, size=(batch, 1), dtype=np.int64)
+        mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+        steps.append(Step(ids, mask, mask.sum(axis=1, keepdims=True) - 1))
+    return steps
+
+
+Outputs = tuple[np.ndarray, list[np.ndarray]]  # logits (B, S, V), presents key0, value0, key1, ... (B, nh, T, hs)
+
+
+@torch.no_grad()
+def reference_outputs(reference: GPT, steps: Sequence[Step]) -> list[Outputs]:
+    """The reference's logits and presents for each step, its own cache carried from step to step."""
+    past, outs = None, []
+    for st in steps:
+        logits, presents = reference(torch.from_numpy(st.ids), torch.from_numpy(st.mask), torch.from_numpy(st.pos), past)
+        outs.append((logits.numpy(), [t.numpy() for kv in presents for t in kv]))
+        past = presents
+    return outs
+
+
+def compare_graph_outputs(expected: Sequence[Outputs], loaded, steps: Sequence[Step],
+                          tolerance: float = GRAPH_TOLERANCE) -> dict:
+    """Rung 3: the graph's outputs on `steps` against the reference's (reference_outputs). Returns the figures."""
+    batch = steps[0].ids.shape[0]
+    past = loaded.empty_past(batch)
     worst = {"max_abs_diff": 0.0, "output": C.LOGITS, "step": "prefill", "index": []}
     agree = total = 0
-    for step in range(decode_steps + 1):
-        ref_logits, ref_presents = reference(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(pos), past_ref)
-        logits, presents = loaded.forward(ids, mask, pos, past_onnx)
+    for step, (st, (ref_logits, ref_presents)) in enumerate(zip(steps, expected)):
+        logits, presents = loaded.forward(st.ids, st.mask, st.pos, past)
         where = "prefill" if step == 0 else f"decode {step}"
         # Positions of left padding are compared nowhere: no valid position ever attends to them, and
         # fused attention kernels are free to fill them differently.
-        valid = mask[:, -ids.shape[1]:].astype(bool)  # (B, S) query positions
-        valid_keys = mask.astype(bool)[:, None, :, None]  # (B, 1, T, 1) cache positions
-        agree += int((ref_logits.numpy().argmax(-1) == logits.argmax(-1))[valid].sum())
+        valid = st.mask[:, -st.ids.shape[1]:].astype(bool)  # (B, S) query positions
+        valid_keys = st.mask.astype(bool)[:, None, :, None]  # (B, 1, T, 1) cache positions
+        agree += int((ref_logits.argmax(-1) == logits.argmax(-1))[valid].sum())
         total += int(valid.sum())
-        pairs = [(C.LOGITS, ref_logits.numpy(), logits, valid[..., None])]
-        for i, (k, v) in enumerate(ref_presents):
-            pairs += [(C.present_key(i), k.numpy(), presents[2 * i], valid_keys),
-                      (C.present_value(i), v.numpy(), presents[2 * i + 1], valid_keys)]
+        pairs = [(C.LOGITS, ref_logits, logits, valid[..., None])]
+        for i in range(len(ref_presents) // 2):
+            pairs += [(C.present_key(i), ref_presents[2 * i], presents[2 * i], valid_keys),
+                      (C.present_value(i), ref_presents[2 * i + 1], presents[2 * i + 1], valid_keys)]
         for name, want, got, keep in pairs:
             if want.shape != got.shape:
                 raise ParityError(f"{where}: {name} has shape {list(got.shape)}, the reference {list(want.shape)}")
             diff, idx = _max_diff(np.where(keep, want, 0), np.where(keep, got, 0))
             if diff > worst["max_abs_diff"]:
                 worst = {"max_abs_diff": diff, "output": name, "step": where, "index": list(idx)}
-        past_ref, past_onnx = ref_presents, presents
-        ids = rng.integers(0, cfg.vocab_size, size=(batch, 1), dtype=np.int64)
-        mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
-        pos = mask.sum(axis=1, keepdims=True) - 1
+        past = presents
     figures = {**worst, "top1_agreement": agree / total, "tolerance": tolerance, "batch": batch,
-               "prompt_tokens": prompt_len, "decode_steps": decode_steps}
+               "prompt_tokens": steps[0].ids.shape[1], "decode_steps": len(steps) - 1}
     log.info("graph vs reference: max |diff| %.2e (%s, %s), top-1 %.4f", worst["max_abs_diff"], worst["output"],
              worst["step"], figures["top1_agreement"])
     if worst["max_abs_diff"] > tolerance:
@@ -81,12 +109,24 @@ def compare_graph(reference: GPT, loaded, batch: int = 2, prompt_len: int = 8, d
     return figures
 
 
-def compare_greedy(reference: GPT, loaded, prompts: Sequence[Sequence[int]], new_tokens: int = 64,
-                   tokenizer=None) -> dict:
-    """Rung 4: greedy ids of the runtime equal the reference's for every prompt, then the text."""
+def compare_graph(reference: GPT, loaded, batch: int = 2, prompt_len: int = 8, decode_steps: int = 3,
+                  seed: int = 0, tolerance: float = GRAPH_TOLERANCE) -> dict:
+    """Rung 3 on random ids; row b of the batch is left-padded by b tokens. Returns the figures."""
+    steps = graph_steps(reference.cfg, batch, prompt_len, decode_steps, seed)
+    return compare_graph_outputs(reference_outputs(reference.eval(), steps), loaded, steps, tolerance)
+
+
+def reference_greedy(reference: GPT, prompts: Sequence[Sequence[int]], new_tokens: int = 64) -> list[list[int]]:
+    """Rung 4's oracle: the reference's greedy continuation of each prompt."""
+    return [greedy_ids(reference, list(p), new_tokens) for p in prompts]
+
+
+def compare_greedy_ids(expected: Sequence[Sequence[int]], loaded, prompts: Sequence[Sequence[int]],
+                       new_tokens: int = 64, tokenizer=None) -> dict:
+    """Rung 4: greedy ids of the runtime equal the reference's (reference_greedy) for every prompt, then the text."""
     compared = 0
-    for j, prompt in enumerate(prompts):
-        want = greedy_ids(reference, list(prompt), new_tokens)
+    for j, (prompt, want) in enumerate(zip(prompts, expected)):
+        want = list(want)
         got = loaded.generate(list(prompt), max_new_tokens=new_tokens, greedy=True).ids
         if want != got:
             k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
@@ -99,6 +139,12 @@ def compare_greedy(reference: GPT, loaded, prompts: Sequence[Sequence[int]], new
                "identical": True}
     log.info("greedy vs reference: %d prompts, %d tokens identical", len(prompts), compared)
     return figures
+
+
+def compare_greedy(reference: GPT, loaded, prompts: Sequence[Sequence[int]], new_tokens: int = 64,
+                   tokenizer=None) -> dict:
+    """Rung 4: greedy ids of the runtime equal the reference's for every prompt, then the text."""
+    return compare_greedy_ids(reference_greedy(reference, prompts, new_tokens), loaded, prompts, new_tokens, tokenizer)
 
 
 def greedy_prompts(vocab_size: int, tokenizer=None, seed: int = 0) -> list[list[int]]:

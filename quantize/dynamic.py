@@ -10,6 +10,8 @@ MatMulInteger of two run-time-quantized activations.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -67,14 +69,16 @@ class _PerRow:
 
 
 def rewrite_dynamic(model: onnx.ModelProto, per_channel: bool = True, quantize_attention: bool = False,
-                    per_row: bool = True, reduce_range: bool = True) -> tuple[onnx.ModelProto, dict[str, str]]:
+                    per_row: bool = True, reduce_range: bool = True,
+                    base_dir: Path | None = None) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Linear MatMuls -> int8 weights times activations quantized at run time (per row, or per tensor
     with DynamicQuantizeMatMul).
 
     The tied embedding is stored once, transposed, as int8 (C, V) with one scale per vocabulary row:
-    the LM head reads it as its B; the embedding gathers its columns (axis 1).
+    the LM head reads it as its B; the embedding gathers its columns (axis 1). base_dir: the model's
+    directory, where its external data (if any) is read from.
     """
-    r = Rewrite(model)
+    r = Rewrite(model, base_dir)
     rows = _PerRow(r) if per_row else None
     qmax = qm.QMAX_REDUCED if reduce_range else qm.QMAX
     wte, gather, gemm = r.tied_embedding()
@@ -138,7 +142,8 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 def apply(job: QuantizeJob) -> Quantized:
     recipe = job.recipe
     model, nodes = rewrite_dynamic(job.model, recipe.per_channel, recipe.quantize_attention,
-                                   per_row=recipe.activation_scale == "per-row", reduce_range=recipe.reduce_range)
+                                   per_row=recipe.activation_scale == "per-row", reduce_range=recipe.reduce_range,
+                                   base_dir=job.model_dir)
     return Quantized(model, nodes, job.recipe)
 
 

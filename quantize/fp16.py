@@ -67,6 +67,11 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 
 
 def apply(job: QuantizeJob) -> Quantized:
+    """The quantizer hands over the graph without its external weights: they are read in here (the fp32
+    weights and their fp16 halves are held together at the peak, 1.5x the fp32 file)."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    load_external_data_for_model(job.model, str(job.model_dir))
     floats = [i.name for i in job.model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
     return Quantized(to_float16(job.model), {name: "float16 weight" for name in floats}, job.recipe)
 

@@ -22,6 +22,9 @@ SYMMETRIC_ZERO_POINT = 8
 # Each block tries these fractions of its full range and keeps the one with the least squared error:
 # clipping the one or two largest weights of a block often buys a finer step for the other thirty.
 SHRINK = np.linspace(1.0, 0.70, 13, dtype=np.float32)
+# Rows (output channels) are quantized independently, this many at a time: the search's temporaries
+# are ~6x its input, ~2 GB at once for GPT-2 XL's tied embedding (50,257 x 1,600) if done whole.
+ROW_CHUNK = 4096
 
 
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
@@ -73,6 +76,10 @@ def quantize_4bit(w_rows: np.ndarray, block_size: int, symmetric: bool = True,
     One scale (and, asymmetric, one zero point) per block of `block_size` consecutive weights along K.
     With `search`, each block keeps the range fraction in SHRINK with the least squared error.
     """
+    if w_rows.shape[0] > ROW_CHUNK:  # the same result, in slices of rows
+        parts = [quantize_4bit(w_rows[i:i + ROW_CHUNK], block_size, symmetric, search)
+                 for i in range(0, w_rows.shape[0], ROW_CHUNK)]
+        return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts))
     blocks = _blocks(w_rows, block_size)
     best_q = best_scale = best_zp = best_err = None
     for shrink in (SHRINK if search else SHRINK[:1]):

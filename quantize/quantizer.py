@@ -73,19 +73,20 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
     check_output(out, force, inputs=[model_dir])
     m = method(recipe.method)
     m.check(recipe, manifest.shape, calibration_text)
-    model = onnx.load(str(model_dir / manifest.model_file))  # external data, if any, is read too
+    # The graph without its weights: the methods read each external weight when they quantize it
+    # (Rewrite, from job.model_dir), so a 6 GB fp32 source is never in memory whole.
+    model = onnx.load(str(model_dir / manifest.model_file), load_external_data=False)
     _check_attention(m, recipe, model)
     with atomic_output_dir(out, force, inputs=[model_dir]) as tmp:
-        work = tmp / WORK_DIR
-        work.mkdir()
-        done = m.apply(QuantizeJob(model, recipe, manifest, model_dir, work, calibration_text, progress))
-        shutil.rmtree(work)
-        save_onnx(done.model, tmp / manifest.model_file)
+        job = QuantizeJob(model, recipe, manifest, model_dir, tmp / WORK_DIR, calibration_text, progress)
+        del model
+        quantization = _rewrite_and_save(m, job, tmp / manifest.model_file)  # its graphs are gone on return
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, tmp / name)
-        new = manifest.replace(precision=m.precision(done.recipe), quantization=describe(m, done), parity=Parity(),
-                               source=Source(quantized_from=str(model_dir.resolve()) if record_input else None, fp32_source=manifest.source,
+        new = manifest.replace(precision=m.precision(recipe), quantization=quantization, parity=Parity(),
+                               source=Source(quantized_from=str(model_dir.resolve()) if record_input else None,
+                                             fp32_source=manifest.source,
                                              gptedge_version=__version__))
         write_manifest(tmp, new)
         write_genai_files(tmp, new)
@@ -96,31 +97,49 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
     return new
 
 
+def _rewrite_and_save(m: Method, job: QuantizeJob, path: Path) -> Quantization:
+    """The method's rewrite, saved (weights in external data when big) -> what the manifest says about it."""
+    job.work_dir.mkdir()
+    done = m.apply(job)
+    shutil.rmtree(job.work_dir)
+    save_onnx(done.model, path)
+    return describe(m, done)
+
+
 GREEDY_CHECK_TOKENS = 16
+
+
+def _check_run(model_dir: Path, device: str, vocab: int, seed: int) -> tuple[np.ndarray, list[list[int]], str]:
+    """-> logits (2, S, V) on 64 seeded ids, greedy ids of 2 x 16 tokens from their first 8, the provider used."""
+    from gptedge.runtime import load
+
+    loaded = load(model_dir, device=device)
+    context = loaded.manifest.shape.context_length
+    ids = np.random.default_rng(seed).integers(0, vocab, size=(2, min(32, context)), dtype=np.int64)
+    mask = np.ones_like(ids)
+    pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).copy()
+    logits = loaded.forward(ids, mask, pos, loaded.empty_past(2))[0]
+    prompts = [row[: max(1, min(8, context - GREEDY_CHECK_TOKENS))].tolist() for row in ids]
+    n = min(GREEDY_CHECK_TOKENS, context - len(prompts[0]))
+    greedy = [r.ids for r in loaded.generate_batch(prompts, n, greedy=True, ignore_eos=True, with_text=False)]
+    return logits, greedy, loaded.providers[0]
 
 
 def compare_with_source(fp32_dir: Path, int8_dir: Path, vocab: int, device: str = "cpu", seed: int = 0) -> QuantizedParity:
     """A sanity check recorded in the manifest: logits of both graphs on a fixed batch of ids, and how many
-    leading greedy tokens they share. The fp32 graph runs on the CPU; the quantized one on `device`."""
-    from gptedge.runtime import load
+    leading greedy tokens they share. The fp32 graph runs on the CPU, the quantized one on `device`.
 
-    ref, got = load(fp32_dir, device="cpu"), load(int8_dir, device=device)
-    rng = np.random.default_rng(seed)
-    context = ref.manifest.shape.context_length
-    ids = rng.integers(0, vocab, size=(2, min(32, context)), dtype=np.int64)
-    mask = np.ones_like(ids)
-    pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).copy()
-    a, _ = ref.forward(ids, mask, pos, ref.empty_past(2))
-    b, _ = got.forward(ids, mask, pos, got.empty_past(2))
+    One session at a time: the fp32 one is released before the quantized one loads (GPT-2 XL's fp32
+    session alone holds 6 GB of prepacked weights)."""
+    a, want, _ = _check_run(fp32_dir, "cpu", vocab, seed)
+    b, got, provider = _check_run(int8_dir, device, vocab, seed)
     if not np.isfinite(b).all():
         raise QuantizationError("quantized graph produced non-finite logits")
-    prompts = [row[: min(8, context - GREEDY_CHECK_TOKENS)].tolist() for row in ids]
-    n = min(GREEDY_CHECK_TOKENS, context - len(prompts[0]))
     same = total = 0
-    for x, y in zip(*(m.generate_batch(prompts, n, greedy=True, ignore_eos=True, with_text=False) for m in (ref, got))):
-        lead = next((i for i, (p, q) in enumerate(zip(x.ids, y.ids)) if p != q), min(len(x.ids), len(y.ids)))
-        same, total = same + lead, total + max(len(x.ids), len(y.ids))
+    for x, y in zip(want, got):
+        same += next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        total += max(len(x), len(y))
     return QuantizedParity(max_abs_logit_diff=float(np.abs(a - b).max()),
                            top1_agreement=float((a.argmax(-1) == b.argmax(-1)).mean()), inputs="64 seeded random ids",
-                           device=got.providers[0].replace("ExecutionProvider", "").lower(),
+                           device=provider.replace("ExecutionProvider", "").lower(),
                            greedy_agreement=same / total if total else 1.0)

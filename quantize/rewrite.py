@@ -4,15 +4,23 @@ The math lives in int8_math.py, the per-method rewiring in dynamic.py / weight_o
 static.py; this file finds nodes by what they are (a MatMul with a 2-D weight initializer; an
 initializer shared by a Gather and a Gemm with transB, i.e. the tied embedding / LM head), not
 by name, and assembles the result.
+
+A big fp32 source is never held whole: its initializers are read one at a time from the
+external-data file (`Initializers`, memory-mapped on access and dropped after), the new weights
+are kept as numpy arrays (a quarter of the fp32 bytes for 8 bits) and become protobuf only in
+`finish`, one at a time; the quantizer's save_onnx then moves them to the output's data file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from gptedge.onnx_files import Initializers
 
 MS_DOMAIN = "com.microsoft"
 
@@ -22,23 +30,24 @@ class Rewrite:
     """Collects the new graph while walking the old one."""
 
     model: onnx.ModelProto
-    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    base_dir: Path | None = None  # where the model's external data lies (its model dir), if it has any
+    weights: Initializers = field(init=False)  # name -> array, read on access
     new_nodes: list[onnx.NodeProto] = field(default_factory=list)
-    new_inits: list[onnx.TensorProto] = field(default_factory=list)
+    new_inits: dict[str, np.ndarray] = field(default_factory=dict)
     quantized: dict[str, str] = field(default_factory=dict)  # node name -> what it became
 
     def __post_init__(self) -> None:
-        self.weights = {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
+        self.weights = Initializers(self.model, self.base_dir)
 
     def init(self, name: str, value: np.ndarray) -> str:
-        self.new_inits.append(numpy_helper.from_array(np.require(value, requirements="C"), name))
+        self.new_inits[name] = np.require(value, requirements="C")
         return name
 
     def node(self, op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs) -> None:
         self.new_nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
 
     def is_linear(self, node: onnx.NodeProto) -> bool:
-        return node.op_type == "MatMul" and node.input[1] in self.weights and self.weights[node.input[1]].ndim == 2
+        return node.op_type == "MatMul" and node.input[1] in self.weights and len(self.weights.shape(node.input[1])) == 2
 
     def bias_adds(self) -> dict[str, tuple[onnx.NodeProto, str]]:
         """Linear MatMul output -> (the Add that is its only consumer, the 1-D (N,) initializer it adds)."""
@@ -54,8 +63,8 @@ class Rewrite:
                 continue
             add = users[out][0]
             bias = add.input[1] if add.input[0] == out else add.input[0]
-            width = self.weights[node.input[1]].shape[1]
-            if add.op_type == "Add" and bias in self.weights and self.weights[bias].shape == (width,):
+            width = self.weights.shape(node.input[1])[1]
+            if add.op_type == "Add" and bias in self.weights and self.weights.shape(bias) == (width,):
                 found[out] = (add, bias)
         return found
 
@@ -70,13 +79,21 @@ class Rewrite:
         raise ValueError("graph has no tied embedding / LM head (Gather + Gemm transB on one weight)")
 
     def finish(self, producer_note: str) -> onnx.ModelProto:
+        """The new graph, every initializer inline (the old ones it still uses read back from external data)."""
         g = self.model.graph
         used = {i for n in self.new_nodes for i in n.input}
-        inits = [t for t in list(g.initializer) + self.new_inits if t.name in used]
-        graph = helper.make_graph(self.new_nodes, g.name, list(g.input), list(g.output), initializer=inits)
         opsets = [o for o in self.model.opset_import if o.domain not in ("", MS_DOMAIN)]
         opsets += [helper.make_opsetid("", next(o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx"))),
                    helper.make_opsetid(MS_DOMAIN, 1)]
-        out = helper.make_model(graph, opset_imports=opsets, producer_name="gptedge", doc_string=producer_note)
+        # make_model copies the graph it is given: give it none of the weights, then add them in place
+        out = helper.make_model(helper.make_graph(self.new_nodes, g.name, list(g.input), list(g.output)),
+                                opset_imports=opsets, producer_name="gptedge", doc_string=producer_note)
+        for t in g.initializer:
+            if t.name in used and t.name not in self.new_inits:
+                out.graph.initializer.append(self.weights.inline_copy(t.name))
+        for name in list(self.new_inits):
+            value = self.new_inits.pop(name)  # each array is released as its proto is made
+            if name in used:
+                out.graph.initializer.append(numpy_helper.from_array(value, name))
         out.ir_version = self.model.ir_version
         return out

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from gptedge.onnx_files import external_data_path, save_onnx
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.graph_variant import GraphVariant, variant_class
 from gptedge.runtime.manifest import ModelShape
@@ -31,9 +32,10 @@ from .rewrite import Rewrite
 log = logging.getLogger(__name__)
 
 
-def untie_to_matmul(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
-    """Gather(wte (V, C)) + Gemm(h, wte, transB) -> Gather(wte_t (C, V), axis=1) + MatMul(h, wte_t)."""
-    r = Rewrite(model)
+def untie_to_matmul(model: onnx.ModelProto, base_dir: Path | None = None) -> tuple[onnx.ModelProto, str]:
+    """Gather(wte (V, C)) + Gemm(h, wte, transB) -> Gather(wte_t (C, V), axis=1) + MatMul(h, wte_t).
+    base_dir: the model's directory, where its external data (if any) is read from."""
+    r = Rewrite(model, base_dir)
     wte, gather, gemm = r.tied_embedding()
     wt = r.init(f"{wte}.t", np.ascontiguousarray(r.weights[wte].T))  # (C, V)
     for node in model.graph.node:
@@ -112,8 +114,9 @@ def calibration_windows(ids: list[int], sequences: int, length: int) -> list[lis
 
 
 def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, work_dir: Path,
-                        per_channel: bool = True, quantize_attention: bool = False) -> onnx.ModelProto:
-    untied, wt = untie_to_matmul(model)
+                        per_channel: bool = True, quantize_attention: bool = False,
+                        base_dir: Path | None = None) -> onnx.ModelProto:
+    untied, wt = untie_to_matmul(model, base_dir)
     import onnxruntime
 
     root = logging.getLogger()
@@ -151,13 +154,15 @@ def _quantize_file(untied: onnx.ModelProto, reader, work_dir: Path, per_channel:
     # know: without this, the activations after the first contrib op would stay unquantized.
     untied = SymbolicShapeInference.infer_shapes(untied, auto_merge=True)
     src, dst = work_dir / "untied.onnx", work_dir / "static.onnx"
-    onnx.save_model(untied, str(src))
+    save_onnx(untied, src)  # weights in untied.onnx.data when big
+    del untied
     with _temporary_files_in(work_dir):
         quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=per_channel,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                         calibrate_method=CalibrationMethod.MinMax,
                         extra_options={"MatMulConstBOnly": not quantize_attention},
-                        calibration_providers=["CPUExecutionProvider"])
+                        calibration_providers=["CPUExecutionProvider"],
+                        use_external_data_format=external_data_path(src) is not None)
     return onnx.load(str(dst))
 
 
@@ -179,7 +184,8 @@ def apply(job: QuantizeJob) -> Quantized:
         log.info("calibration text holds %d windows of %d tokens, not %d: calibrating on %d", len(windows),
                  recipe.calibration_length, recipe.calibration_sequences, len(windows))
     reader = TextCalibrationReader(windows, variant_class(job.manifest.graph), shape, job.progress)
-    model = quantize_static_qdq(job.model, reader, job.work_dir, recipe.per_channel, recipe.quantize_attention)
+    model = quantize_static_qdq(job.model, reader, job.work_dir, recipe.per_channel, recipe.quantize_attention,
+                                base_dir=job.model_dir)
     nodes = {n.name: n.op_type for n in model.graph.node if n.op_type == "QuantizeLinear"}
     return Quantized(model, nodes, dataclasses.replace(recipe, calibration_sequences=len(windows)))
 

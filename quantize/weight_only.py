@@ -7,6 +7,8 @@ same blocks and dequantizes them with plain ops.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -81,22 +83,23 @@ def _embedding(r: Rewrite, node: onnx.NodeProto, weight: list[str], bits: int, n
 
 
 def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_level: int = 0, bits: int = 8,
-                        symmetric: bool = True, embedding_bits: int | None = None,
+                        symmetric: bool = True, embedding_bits: int | None = None, base_dir: Path | None = None,
                         ) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Linear MatMuls and the LM head -> MatMulNBits (`bits`-bit blocks along K, activations stay float).
 
     The tied embedding is stored once in MatMulNBits' layout, at `embedding_bits` (default: `bits`):
     8-bit (V, C/bs, bs) uint8, or 4-bit (V, C/bs, bs/2) two per byte; the embedding gathers rows of it,
     unpacks nibbles with BitShift where 4-bit, and dequantizes them with plain ops. 8-bit blocks are
-    always symmetric (zero point 128); `symmetric` applies to the 4-bit ones.
+    always symmetric (zero point 128); `symmetric` applies to the 4-bit ones. base_dir: the model's
+    directory, where its external data (if any) is read from.
     """
     embedding_bits = embedding_bits or bits
-    r = Rewrite(model)
+    r = Rewrite(model, base_dir)
     wte, gather, gemm = r.tied_embedding()
-    vocab, width = r.weights[wte].shape
+    vocab, width = r.weights.shape(wte)
     for node in model.graph.node:  # every K must hold whole blocks (n_embd; the MLP width for c_proj)
-        if r.is_linear(node) and r.weights[node.input[1]].shape[0] % block_size:
-            raise QuantizationError(f"{node.input[1]}: K={r.weights[node.input[1]].shape[0]} is not a multiple "
+        if r.is_linear(node) and r.weights.shape(node.input[1])[0] % block_size:
+            raise QuantizationError(f"{node.input[1]}: K={r.weights.shape(node.input[1])[0]} is not a multiple "
                                     f"of block size {block_size}")
     tied = _blocked_weight(r, wte, r.weights[wte], embedding_bits, block_size, symmetric)
     sym = "symmetric" if symmetric or embedding_bits == 8 else "asymmetric"
@@ -129,7 +132,7 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
-                                       rc.embedding_bits)
+                                       rc.embedding_bits, base_dir=job.model_dir)  # every initializer inline
     if rc.float16:
         from .fp16 import to_float16
 

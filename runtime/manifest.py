@@ -91,6 +91,7 @@ class GreedyParity:
     tokens_compared: int
     new_tokens_per_prompt: int
     identical: bool
+    note: str = ""  # why fewer positions than the default were compared (big models), if they were
 
 
 @dataclass(frozen=True)
