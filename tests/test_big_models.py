@@ -133,7 +133,8 @@ def inline_and_external(tmp_path_factory):
 
 
 RECIPES = {"dynamic": QuantizeRecipe("dynamic"), "weight-only": QuantizeRecipe("weight-only"),
-           "int4": QuantizeRecipe("weight-only", bits=4), "static": QuantizeRecipe("static", calibration_sequences=4)}
+           "int4": QuantizeRecipe("weight-only", bits=4), "static": QuantizeRecipe("static", calibration_sequences=4),
+           "fp16": QuantizeRecipe("fp16"), "weight-only-float16": QuantizeRecipe("weight-only", float16=True)}
 
 
 @pytest.mark.parametrize("name", RECIPES)
