@@ -196,6 +196,7 @@ def scratch_dir(out: str | Path) -> Iterator[Path]:
     """A marked partial dir beside OUT for intermediate files (export --precision fp16's fp32 graph): removed
     on exit, and by the next run's sweep_stale if this process is killed."""
     out = Path(out)
+    made = [p for p in reversed(Path(os.path.abspath(out)).parents) if not p.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
@@ -203,3 +204,7 @@ def scratch_dir(out: str | Path) -> Iterator[Path]:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not out.exists():  # failed: the folders made for it go too, as atomic_output_dir does
+            for folder in reversed(made):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()

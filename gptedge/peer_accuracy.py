@@ -75,7 +75,16 @@ class CTranslate2Scorer:
     def greedy(self, prompt: list[int], max_new_tokens: int, eos_id: int | None) -> Greedy:
         steps = self.generator.generate_tokens([self.id_to_token(i) for i in prompt], max_length=max_new_tokens,
                                                sampling_topk=1, end_token=None if eos_id is None else [eos_id])
-        return timed_greedy((s.token_id for s in steps), max_new_tokens, eos_id)
+
+        def ids():  # generate_tokens stops on eos without yielding it; gptedge's ids keep it (greedy agreement)
+            n = 0
+            for step in steps:
+                n += 1
+                yield step.token_id
+            if eos_id is not None and n < max_new_tokens:
+                yield eos_id
+
+        return timed_greedy(ids(), max_new_tokens, eos_id)
 
 
 class OptimumScorer:

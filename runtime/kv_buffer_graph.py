@@ -40,7 +40,7 @@ class KVBufferState:
         logits_shape = (batch, 1, shape.vocab_size)
         self._device = graph.kv_device
         self._pick = None  # the ArgMax session's binding, on a GPU
-        if self._device == "cpu":
+        if not graph.pick_on_device:
             self.logits = np.empty(logits_shape, dtype=graph.logits_dtype)  # overwritten each step
             binding.bind_output(C.LOGITS, "cpu", 0, self.logits.dtype, logits_shape, self.logits.ctypes.data)
         else:
@@ -99,6 +99,9 @@ class KVBufferGraph(GraphVariant):
         self._keep_required = C.LOGITS_TO_KEEP in {i.name for i in session.get_inputs()}
         self._keep = {k: ort.OrtValue.ortvalue_from_numpy(np.array(k, np.int64)) for k in (0, 1)}  # read-only
         self._argmax_session = None
+        # Greedy tokens are picked where the logits are on a GPU; on the CPU numpy's argmax is as fast
+        # (tests set it on the CPU to check the ArgMax session there)
+        self.pick_on_device = self.kv_device != "cpu"
 
     @property
     def argmax_session(self):
@@ -108,7 +111,8 @@ class KVBufferGraph(GraphVariant):
             from .session import CUDA_PROVIDER, CPU_PROVIDER
 
             model = argmax_model(self.logits_dtype == np.float16)
-            self._argmax_session = self.ort.InferenceSession(model, providers=[CUDA_PROVIDER, CPU_PROVIDER])
+            providers = [CUDA_PROVIDER, CPU_PROVIDER] if self.kv_device == "cuda" else [CPU_PROVIDER]
+            self._argmax_session = self.ort.InferenceSession(model, providers=providers)
         return self._argmax_session
 
     def bind_keep(self, binding, keep: int) -> None:

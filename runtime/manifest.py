@@ -140,10 +140,11 @@ class Quantization:
     @property
     def label(self) -> str:
         """The method, with the widths where they are not plain 8-bit (compare's method column)."""
-        if (self.bits, self.embedding_bits, self.symmetric) == (8, 8, True):
-            return self.method
+        half = ", fp16 activations" if self.float16 else ""
+        if self.bits == 16 or (self.bits, self.embedding_bits, self.symmetric) == (8, 8, True):
+            return self.method + half  # fp16 has no widths to name
         return (f"{self.method} int{self.bits} b{self.block_size} {'sym' if self.symmetric else 'asym'}"
-                f"{'' if self.embedding_bits == self.bits else f', emb int{self.embedding_bits}'}")
+                f"{'' if self.embedding_bits == self.bits else f', emb int{self.embedding_bits}'}{half}")
 
 
 @dataclass(frozen=True)

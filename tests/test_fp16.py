@@ -45,6 +45,7 @@ def test_fp16_halves_every_float_but_the_logits(kv_fp32, kv_fp16):
     assert size(kv_fp16) < 0.6 * size(kv_fp32)
     manifest = json.loads((kv_fp16 / "gptedge.json").read_text())
     assert manifest["precision"] == "fp16" and manifest["quantization"]["method"] == "fp16"
+    assert load(kv_fp16, device="cpu").manifest.quantization.label == "fp16"
     check = manifest["parity"]["vs_fp32"]
     # measured here: max |diff| ~0.01 on tiny logits, identical top-1 and greedy tokens
     assert check["device"] == "cpu" and check["max_abs_logit_diff"] < 0.05
@@ -67,6 +68,7 @@ def test_weight_only_float16_keeps_blocks_and_halves_the_rest(tmp_path, kv_fp32)
     nbits = [n for n in graph.graph.node if n.op_type == "MatMulNBits"]
     assert nbits and _float_types(graph) == {onnx.TensorProto.FLOAT16}
     assert m.precision == "int8" and m.quantization.float16 and "float16" in m.quantization.activations
+    assert m.quantization.label == "weight-only, fp16 activations"  # compare's method column
     assert m.parity.vs_fp32.top1_agreement >= 0.9
 
 
@@ -86,6 +88,14 @@ def test_export_precision_fp16_leaves_one_dir(tmp_path, gpt2_checkpoint):
     assert manifest["source"]["fp32_source"]["path"] == str(gpt2_checkpoint.resolve())
 
 
+def test_failed_fp16_export_leaves_no_folders(tmp_path):
+    (tmp_path / "src").mkdir()  # no config, no weights: the fp32 export fails
+    r = subprocess.run([sys.executable, "-m", "gptedge.cli", "export", str(tmp_path / "src"), "-o",
+                        str(tmp_path / "a" / "b" / "out"), "--precision", "fp16"], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count("Error:") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # neither the scratch dir nor a/b
+
+
 def test_argmax_graph_is_valid_onnx_and_matches_numpy():
     import onnxruntime as ort
 
@@ -99,13 +109,22 @@ def test_argmax_graph_is_valid_onnx_and_matches_numpy():
         np.testing.assert_array_equal(got, logits.argmax(-1))
 
 
-@pytest.mark.parametrize("fixture", ["gpt2_kv_buffer_loaded", "gpt2_loaded"])
-def test_run_argmax_is_the_argmax_of_run(request, fixture):
-    model = request.getfixturevalue(fixture)
+@pytest.mark.parametrize("graph", ["kv_buffer", "standard"])
+def test_device_pick_is_the_argmax_of_the_logits(kv_fp32, gpt2_model_dir, graph):
+    """run_argmax through the one-node ArgMax session bound to the logits buffer (what a GPU does), forced on
+    the CPU for the kv_buffer graph, equals numpy's argmax of run() for 6 greedy steps; the standard graph's is numpy's."""
+    model = load(kv_fp32 if graph == "kv_buffer" else gpt2_model_dir, device="cpu")
+    model.variant.pick_on_device = graph == "kv_buffer"
     ids, mask = left_pad([[3, 4, 5, 6], [7, 8]], 0)
-    a, b = model.variant.start(2, 8), model.variant.start(2, 8)
+    a, b = model.variant.start(2, 12), model.variant.start(2, 12)
     pos = positions(mask)
-    np.testing.assert_array_equal(a.run_argmax(ids, mask, pos), b.run(ids, mask, pos).argmax(-1))
+    for _ in range(6):
+        tok = a.run_argmax(ids, mask, pos).copy()
+        np.testing.assert_array_equal(tok, b.run(ids, mask, pos).argmax(-1))
+        ids, mask = tok[:, None], np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
+        pos = mask.sum(axis=1, keepdims=True) - 1
+    if graph == "kv_buffer":
+        assert a._pick is not None  # the ArgMax session ran, not numpy
 
 
 def test_info_reports_provider_options(kv_fp16):
