@@ -83,7 +83,10 @@ def check_output(out: str | Path, force: bool, inputs: Iterable[str | Path] = ()
 
 
 def _mark(folder: Path) -> None:
-    (folder / MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    """The owner marker, written whole or not at all (a reader never sees it half-written)."""
+    part = folder / f"{MARKER}.tmp"
+    part.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    part.replace(folder / MARKER)
 
 
 def _alive(marker: Path) -> bool:

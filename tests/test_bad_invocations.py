@@ -295,14 +295,15 @@ def test_debug_shows_the_traceback(inputs, work):
 
 
 def _start_export(work: Path, out: str) -> tuple[subprocess.Popen, Path]:
-    """An export running in the background, once its partial dir exists (it then builds and validates)."""
+    """An export running in the background, once its partial dir exists and is marked (it then builds and
+    validates)."""
     env = {**os.environ, "HOME": str(HOME)}
     proc = subprocess.Popen([*COMMAND, "export", "ck", "-o", out], cwd=work, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         partial = next(work.glob(f".{out}.partial-*"), None)
-        if partial is not None:
+        if partial is not None and (partial / ".gptedge-partial").is_file():
             return proc, partial
         time.sleep(0.01)
     proc.kill()
