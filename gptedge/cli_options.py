@@ -131,3 +131,8 @@ def progress(label: str):
             state.pop("bar").__exit__(None, None, None)
 
     return update
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+FORCE_HELP = ("Replace OUT if gptedge wrote it (or it is empty), once the new one is complete. Never the "
+              "input, a folder holding it, or the current directory.")
