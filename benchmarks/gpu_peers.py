@@ -15,51 +15,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gptedge.runtime.bench import bench_prompts  # noqa: E402
+from gptedge.peers import _timed, bench_genai  # noqa: E402
+from gptedge.runtime.bench import bench_gptedge, bench_prompts  # noqa: E402
 
 
 def timed(generate, new_tokens: int, batch: int, repeat: int, sync=lambda: None) -> dict:
-    generate(2)  # warm-up (and compilation)
-    sync()
-    ttfts, rates = [], []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        generate(1)
-        sync()
-        ttft = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        generate(new_tokens)
-        sync()
-        total = time.perf_counter() - t0
-        ttfts.append(ttft)
-        rates.append(batch * (new_tokens - 1) / max(total - ttft, 1e-9))
-    return {"ttft_ms": 1000 * statistics.median(ttfts), "decode_tok_s": statistics.median(rates), "runs": rates}
+    """`gptedge bench --peers`' own timing (gptedge.peers._timed), as this script's JSON fields."""
+    ttft, rate, runs = _timed(generate, new_tokens, batch, repeat, sync)
+    return {"ttft_ms": 1000 * ttft, "decode_tok_s": rate, "runs": runs}
 
 
 def gptedge_row(a, prompts) -> dict:
-    from gptedge.runtime import load
-
-    t0 = time.perf_counter()
-    model = load(a.model_dir, device=a.device)
-    load_s = time.perf_counter() - t0
-    model.generate_batch(prompts, max_new_tokens=4, greedy=True, ignore_eos=True, with_text=False)  # warm-up
-    ttft, rates = [], []
-    for _ in range(a.repeat):  # exactly `gptedge bench`'s measurement (runtime/bench.py)
-        out = model.generate_batch(prompts, max_new_tokens=a.new, greedy=True, ignore_eos=True, with_text=False)
-        ttft.append(out[0].time_to_first_token_s)
-        rates.append(out[0].tokens_per_s)
-    m = model.manifest
-    method = m.quantization.method if m.quantization and m.quantization.method != m.precision else ""
-    return {"engine": f"gptedge {m.precision} {method}".strip(),
-            "load_s": load_s, "ttft_ms": 1000 * statistics.median(ttft), "decode_tok_s": statistics.median(rates),
-            "runs": rates, "providers": model.providers}
+    row = bench_gptedge(a.model_dir, prompts, a.new, repeat=a.repeat, device=a.device)  # `gptedge bench` itself
+    return {"engine": row.name, "load_s": row.load_s, "ttft_ms": 1000 * row.ttft_s, "decode_tok_s": row.decode_tok_s,
+            "runs": row.runs, "providers": row.notes}
 
 
 def torch_row(a, prompts, compile_: bool) -> dict:
@@ -121,30 +96,9 @@ def optimum_row(a, prompts) -> dict:
 
 
 def genai_row(a, prompts) -> dict:
-    import numpy as np
-    import onnxruntime_genai as og
-
-    t0 = time.perf_counter()
-    config = og.Config(str(a.model_dir))
-    config.clear_providers()
-    if a.device == "cuda":
-        config.append_provider("cuda")
-    model = og.Model(config)
-    load_s = time.perf_counter() - t0
-    ids = np.array(prompts, dtype=np.int32)
-
-    def generate(n: int) -> None:
-        params = og.GeneratorParams(model)
-        total = ids.shape[1] + n
-        params.set_search_options(do_sample=False, max_length=total, min_length=total, batch_size=ids.shape[0])
-        generator = og.Generator(model, params)
-        generator.append_tokens(ids)
-        for _ in range(n):
-            generator.generate_next_token()
-        generator.get_sequence(0)  # the ids reach the host: the run is over
-
-    return {"engine": f"ONNX Runtime GenAI ({Path(a.model_dir).name})", "load_s": load_s,
-            **timed(generate, a.new, len(prompts), a.repeat), "versions": f"onnxruntime-genai {og.__version__}"}
+    row = bench_genai(Path(a.model_dir), prompts, a.new, None, a.repeat, device=a.device)
+    return {"engine": row.name, "load_s": row.load_s, "ttft_ms": 1000 * row.ttft_s, "decode_tok_s": row.decode_tok_s,
+            "runs": row.runs, "versions": row.notes}
 
 
 def main() -> None:

@@ -24,16 +24,21 @@ log = logging.getLogger(__name__)
 PEERS = ("torch", "optimum", "ctranslate2", "genai")
 
 
-def _timed(generate: Callable[[int], None], new_tokens: int, batch: int, repeat: int) -> tuple[float, float, list[float]]:
-    """-> (time to first token, decode tok/s, each run's tok/s) from generate(n) producing n tokens per row."""
-    generate(2)  # warm-up
+def _timed(generate: Callable[[int], None], new_tokens: int, batch: int, repeat: int,
+           sync: Callable[[], None] = lambda: None) -> tuple[float, float, list[float]]:
+    """-> (time to first token, decode tok/s, each run's tok/s) from generate(n) producing n tokens per row.
+    sync: waits for queued GPU work (torch.cuda.synchronize) before each clock read."""
+    generate(2)  # warm-up (and compilation)
+    sync()
     ttfts, rates = [], []
     for _ in range(repeat):
         t0 = time.perf_counter()
         generate(1)
+        sync()
         ttft = time.perf_counter() - t0
         t0 = time.perf_counter()
         generate(new_tokens)
+        sync()
         total = time.perf_counter() - t0
         ttfts.append(ttft)
         rates.append(batch * (new_tokens - 1) / max(total - ttft, 1e-9))
@@ -146,10 +151,12 @@ def bench_ctranslate2(source: Path, prompts, new_tokens: int, threads: int, repe
     return BenchRow(f"CTranslate2 {compute_type}", load_s, ttft, rate, peak_rss_mb(), f"ctranslate2 {ctranslate2.__version__}", runs)
 
 
-def bench_genai(model_dir: Path, prompts, new_tokens: int, threads: int, repeat: int) -> BenchRow:
+def bench_genai(model_dir: Path, prompts, new_tokens: int, threads: int | None, repeat: int,
+                device: str = "cpu") -> BenchRow:
     """ONNX Runtime GenAI's C++ loop on the very dir gptedge ran (its genai_config.json), same prompt ids.
 
-    min_length = max_length keeps it going past eos, as gptedge's bench does (ignore_eos)."""
+    min_length = max_length keeps it going past eos, as gptedge's bench does (ignore_eos). device "cuda":
+    GenAI's CUDA provider (onnxruntime-genai-cuda); threads None: GenAI's default."""
     import json
 
     import numpy as np
@@ -157,8 +164,12 @@ def bench_genai(model_dir: Path, prompts, new_tokens: int, threads: int, repeat:
 
     t0 = time.perf_counter()
     config = og.Config(str(model_dir))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-        "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+    if threads:
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+    if device == "cuda":
+        config.clear_providers()
+        config.append_provider("cuda")
     model = og.Model(config)
     load_s = time.perf_counter() - t0
     ids = np.array(prompts, dtype=np.int32)  # (B, P): equal lengths, no padding
@@ -171,6 +182,7 @@ def bench_genai(model_dir: Path, prompts, new_tokens: int, threads: int, repeat:
         generator.append_tokens(ids)
         for _ in range(n):
             generator.generate_next_token()
+        generator.get_sequence(0)  # the ids reach the host: the run is over (on a GPU too)
 
     ttft, rate, runs = _timed(generate, new_tokens, len(prompts), repeat)
     return BenchRow(f"ONNX Runtime GenAI ({model_dir.name})", load_s, ttft, rate, peak_rss_mb(),

@@ -52,7 +52,8 @@ def bench_gptedge(model_dir: str, prompts: list[list[int]], new_tokens: int, thr
         out = model.generate_batch(prompts, max_new_tokens=new_tokens, greedy=True, ignore_eos=True, with_text=False)
         ttft.append(out[0].time_to_first_token_s)
         rates.append(out[0].tokens_per_s)
-    label = name or f"gptedge {model.manifest.precision}" + (
-        f" {model.manifest.quantization.method}" if model.manifest.quantization else "")
+    m = model.manifest
+    method = m.quantization.method if m.quantization and m.quantization.method != m.precision else ""  # fp16: once
+    label = name or f"gptedge {m.precision} {method}".strip()
     return BenchRow(label, load_s, statistics.median(ttft), statistics.median(rates), peak_rss_mb(),
                     notes=", ".join(model.providers), runs=rates)

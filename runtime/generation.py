@@ -68,8 +68,9 @@ def prefill(state: DecodeState, ids: np.ndarray, mask: np.ndarray, chunk: int | 
     chunk = chunk or length
     for start in range(0, length, chunk):
         end = min(length, start + chunk)
-        logits = (state.run_argmax if argmax and end == length else state.run)(np.ascontiguousarray(ids[:, start:end]), np.ascontiguousarray(mask[:, :end]),
-                           np.ascontiguousarray(pos[:, start:end]))
+        run = state.run_argmax if argmax and end == length else state.run  # only the last chunk picks tokens
+        logits = run(np.ascontiguousarray(ids[:, start:end]), np.ascontiguousarray(mask[:, :end]),
+                     np.ascontiguousarray(pos[:, start:end]))
     return logits
 
 

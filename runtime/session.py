@@ -68,6 +68,17 @@ class SessionConfig:
                                        f"got {self.optimization_level!r}")
 
 
+_cuda_preloaded = False
+
+
+def _preload_cuda(ort: Any) -> None:
+    """CUDA and cuDNN from pip's nvidia-* packages (onnxruntime-gpu >= 1.21 finds them there), once per process."""
+    global _cuda_preloaded
+    if not _cuda_preloaded and hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    _cuda_preloaded = True
+
+
 def make_session(model_path: str, device: str = "auto", config: SessionConfig = SessionConfig()) -> Any:
     """An InferenceSession on `device`, made as `config` says."""
     ort = import_onnxruntime()
@@ -82,9 +93,8 @@ def make_session(model_path: str, device: str = "auto", config: SessionConfig = 
     if config.profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = config.profile_prefix
-    if CUDA_PROVIDER in providers and hasattr(ort, "preload_dlls"):
-        # CUDA and cuDNN from pip's nvidia-* packages (onnxruntime-gpu >= 1.21 finds them there)
-        ort.preload_dlls()
+    if CUDA_PROVIDER in providers:
+        _preload_cuda(ort)
     provider_options = [dict(config.provider_options)] + [{} for _ in providers[1:]]
     session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
                                    provider_options=provider_options)
