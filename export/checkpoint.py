@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Buffers older transformers saved (causal masks); they carry no weights.
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$|^position_ids$")
+# The task heads of transformers' *ForSequenceClassification (`score`) and *DoubleHeadsModel
+# (`multiple_choice_head`): task_heads.py exports them; a language-model export leaves them out.
+HEAD_PREFIXES = ("score.", "multiple_choice_head.")
+
+
+def split_head_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Remove the task head's tensors from `tensors` -> them, under their HF names."""
+    return {k: tensors.pop(k) for k in [k for k in tensors if k.startswith(HEAD_PREFIXES)]}
 
 
 def read_config(source: Path) -> GPTConfig:
@@ -103,7 +111,13 @@ def load_checkpoint(source: str | Path) -> tuple[GPT, GPTConfig]:
     source = Path(source)
     cfg = read_config(source)
     path = weights_file(source)
-    state = load_state(cfg, read_tensors(path), path.name)
+    tensors = read_tensors(path)
+    head = split_head_tensors(tensors)
+    if head:
+        log.info("%s: its task head (%s) is not part of a language-model export (export --task exports it)",
+                 path, ", ".join(sorted(head)))
+    state = load_state(cfg, tensors, path.name)
+    del head
     with torch.device("meta"):
         model = GPT(cfg)
     model.load_state_dict(state, assign=True)  # the loaded tensors become the parameters: no second copy

@@ -45,6 +45,15 @@ class GPT(nn.Module):
         position_ids: torch.Tensor | None = None,  # (B, S)
         past: list[KV] | None = None,  # n_layer x (B, nh, P, hs)
     ) -> tuple[torch.Tensor, list[KV]]:
+        h, presents = self.states(input_ids, attention_mask, position_ids, past)
+        logits = h @ self.wte.weight.T  # (B, S, V), tied LM head
+        return logits, presents
+
+    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               position_ids: torch.Tensor | None = None, past: list[KV] | None = None,
+               ) -> tuple[torch.Tensor, list[KV]]:
+        """The last block's output (after ln_f where the family has one) (B, S, C): what the LM head and the
+        task heads (task_heads.py) read."""
         B, S = input_ids.shape
         P = past[0][0].shape[2] if past else 0
         if attention_mask is None:
@@ -59,8 +68,7 @@ class GPT(nn.Module):
             presents.append(present)
         if self.ln_f is not None:
             h = self.ln_f(h)
-        logits = h @ self.wte.weight.T  # (B, S, V), tied LM head
-        return logits, presents
+        return h, presents
 
 
 @torch.no_grad()

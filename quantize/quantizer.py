@@ -91,9 +91,12 @@ def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeR
                                              fp32_source=manifest.source,
                                              gptedge_version=__version__))
         new = write_manifest(tmp, new)  # records the files' sizes and hashes: the check below loads the dir
-        write_genai_files(tmp, new)
         device = "auto" if recipe.half_precision else "cpu"  # fp16 graphs are checked on the GPU where there is one
-        vs_fp32, fingerprint = check_against_source(model_dir, tmp, manifest.shape.vocab_size, device)
+        if new.task is None:
+            write_genai_files(tmp, new)
+            vs_fp32, fingerprint = check_against_source(model_dir, tmp, manifest.shape.vocab_size, device)
+        else:  # a task head: no generation, so no GenAI config and no greedy fingerprint
+            vs_fp32, fingerprint = check_head_against_source(model_dir, tmp, device), None
         new = write_manifest(tmp, new.replace(parity=Parity(vs_fp32=vs_fp32, fingerprint=fingerprint)))
     log.info("wrote %s (%s, %s)", out, recipe.method, new.precision)
     return new
@@ -151,3 +154,29 @@ def check_against_source(fp32_dir: Path, int8_dir: Path, vocab: int, device: str
                            top1_agreement=float((a.argmax(-1) == b.argmax(-1)).mean()), inputs="64 seeded random ids",
                            device=provider.replace("ExecutionProvider", "").lower(),
                            greedy_agreement=same / total if total else 1.0), fingerprint
+
+
+def _head_check_run(model_dir: Path, device: str, seed: int) -> tuple[np.ndarray, str]:
+    """-> a classifier dir's head logits on seeded right-padded rows (4 rows of up to 32 ids; multiple choice:
+    2 examples x 2 choices), and the provider used."""
+    clf = runtime.load_classifier(model_dir, device=device)
+    rng = np.random.default_rng(seed)
+    S = min(32, clf.manifest.shape.context_length)
+    ids = rng.integers(0, clf.manifest.shape.vocab_size, size=(4, S), dtype=np.int64)
+    mask = (np.arange(S) < np.array([S, S - 3, S // 2, 2])[:, None]).astype(np.int64)
+    if clf.choice:
+        ids, mask = ids.reshape(2, 2, S), mask.reshape(2, 2, S)
+    return clf.logits(ids, mask), clf.providers[0]
+
+
+def check_head_against_source(fp32_dir: Path, q_dir: Path, device: str = "cpu", seed: int = 0) -> QuantizedParity:
+    """A classifier dir's head logits against its fp32 source's on the same seeded rows: max |diff| and how often
+    the best label (or choice) agrees; the fp32 graph on the CPU, the quantized one on `device`."""
+    a, _ = _head_check_run(fp32_dir, "cpu", seed)
+    b, provider = _head_check_run(q_dir, device, seed)
+    if not np.isfinite(b).all():
+        raise QuantizationError("quantized graph produced non-finite logits")
+    return QuantizedParity(max_abs_logit_diff=float(np.abs(a - b).max()),
+                           top1_agreement=float((a.argmax(-1) == b.argmax(-1)).mean()),
+                           inputs="4 seeded rows of random ids, right-padded",
+                           device=provider.replace("ExecutionProvider", "").lower())

@@ -21,6 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gptedge.onnx_files import Initializers
+from gptedge.runtime.contract import INPUT_IDS, past_key
 
 MS_DOMAIN = "com.microsoft"
 
@@ -62,20 +63,28 @@ class Rewrite:
             if not self.is_linear(node) or out in graph_outputs or len(users.get(out, [])) != 1:
                 continue
             add = users[out][0]
+            if add.op_type != "Add":
+                continue
             bias = add.input[1] if add.input[0] == out else add.input[0]
             width = self.weights.shape(node.input[1])[1]
-            if add.op_type == "Add" and bias in self.weights and self.weights.shape(bias) == (width,):
+            if bias in self.weights and self.weights.shape(bias) == (width,):
                 found[out] = (add, bias)
         return found
 
-    def tied_embedding(self) -> tuple[str, onnx.NodeProto, onnx.NodeProto]:
-        """-> (weight name, its Gather, its LM-head Gemm)."""
+    def tied_embedding(self) -> tuple[str, onnx.NodeProto, onnx.NodeProto | None]:
+        """-> (weight name, its Gather, its LM-head Gemm); a task head's graph has no LM head: its Gemm is None
+        and the Gather is the token embedding's (the one reading input_ids, directly or reshaped)."""
         for gemm in self.model.graph.node:
             if gemm.op_type == "Gemm" and gemm.input[1] in self.weights:
                 trans_b = next((a.i for a in gemm.attribute if a.name == "transB"), 0)
                 gather = next((n for n in self.model.graph.node if n.op_type == "Gather" and n.input[0] == gemm.input[1]), None)
                 if trans_b == 1 and gather is not None:
                     return gemm.input[1], gather, gemm
+        ids = {INPUT_IDS} | {n.output[0] for n in self.model.graph.node if n.op_type == "Reshape" and n.input[0] == INPUT_IDS}
+        gather = next((n for n in self.model.graph.node if n.op_type == "Gather" and n.input[1] in ids
+                       and n.input[0] in self.weights), None)
+        if gather is not None and not any(i.name == past_key(0) for i in self.model.graph.input):  # no KV cache
+            return gather.input[0], gather, None
         raise ValueError("graph has no tied embedding / LM head (Gather + Gemm transB on one weight)")
 
     def finish(self, producer_note: str) -> onnx.ModelProto:

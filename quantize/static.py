@@ -21,6 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gptedge.onnx_files import external_data_path, save_onnx
+from gptedge.runtime.classify import HeadFeeds
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.graph_variant import GraphVariant, variant_class
 from gptedge.runtime.manifest import ModelShape
@@ -117,7 +118,12 @@ def calibration_windows(ids: list[int], sequences: int, length: int) -> list[lis
 def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, work_dir: Path,
                         per_channel: bool = True, quantize_attention: bool = False,
                         base_dir: Path | None = None) -> onnx.ModelProto:
-    untied, wt = untie_to_matmul(model, base_dir)
+    r = Rewrite(model, base_dir)
+    if r.tied_embedding()[2] is None:  # a task head's graph: no LM head to share the embedding with
+        r.new_nodes.extend(model.graph.node)  # as it is, its weights inline for the calibrator
+        untied, wt = r.finish("gptedge task head for QDQ"), None
+    else:
+        untied, wt = untie_to_matmul(model, base_dir)
     import onnxruntime
 
     root = logging.getLogger()
@@ -128,7 +134,7 @@ def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, w
         quantized = _quantize_file(untied, reader, work_dir, per_channel, quantize_attention)
     finally:
         root.setLevel(level)
-    return point_gather_at_quantized(quantized, wt)
+    return quantized if wt is None else point_gather_at_quantized(quantized, wt)
 
 
 @contextlib.contextmanager
@@ -182,7 +188,8 @@ def apply(job: QuantizeJob) -> Quantized:
     if len(windows) < recipe.calibration_sequences:
         log.info("calibration text holds %d windows of %d tokens, not %d: calibrating on %d", len(windows),
                  recipe.calibration_length, recipe.calibration_sequences, len(windows))
-    reader = TextCalibrationReader(windows, variant_class(job.manifest.graph), shape, job.progress)
+    feeds = HeadFeeds(job.manifest.task) if job.manifest.task else variant_class(job.manifest.graph)
+    reader = TextCalibrationReader(windows, feeds, shape, job.progress)
     model = quantize_static_qdq(job.model, reader, job.work_dir, recipe.per_channel, recipe.quantize_attention,
                                 base_dir=job.model_dir)
     nodes = {n.name: n.op_type for n in model.graph.node if n.op_type == "QuantizeLinear"}

@@ -9,7 +9,7 @@ from .errors import GptEdgeError
 from .manifest import Manifest, read_manifest
 from .session import SessionConfig
 
-__all__ = ["GptEdgeError", "Manifest", "SessionConfig", "read_manifest", "load"]
+__all__ = ["GptEdgeError", "Manifest", "SessionConfig", "read_manifest", "load", "load_classifier"]
 
 
 def load(model_dir, device: str = "auto", session: SessionConfig | None = None):
@@ -17,5 +17,14 @@ def load(model_dir, device: str = "auto", session: SessionConfig | None = None):
 
     session: how ONNX Runtime's session is made (threads, optimization level, provider options)."""
     from .model import load as _load  # onnxruntime is imported only here, with a hint when it is missing
+
+    return _load(model_dir, device=device, session=session)
+
+
+def load_classifier(model_dir, device: str = "auto", session: SessionConfig | None = None):
+    """Load a classifier dir (gptedge export --task) -> Classifier: `.classify(example)` -> label, probabilities.
+
+    See runtime/classify.py; a language-model dir is refused in one line (use load)."""
+    from .classify import load_classifier as _load  # numpy and onnxruntime only here, as for load()
 
     return _load(model_dir, device=device, session=session)

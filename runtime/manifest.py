@@ -24,6 +24,7 @@ from .errors import GptEdgeError, ModelDirError
 from .model_files import FileRecord, record_files
 from .recipe import QuantizeRecipe
 from .registry import FAMILIES, GRAPH_VARIANTS
+from .tasks import Task
 
 MANIFEST_NAME = "gptedge.json"
 MODEL_FILE = "model.onnx"
@@ -184,6 +185,9 @@ class Manifest:
     parity: Parity = field(default_factory=Parity)  # figures measured at export / quantize
     files: tuple[FileRecord, ...] = ()  # what the runtime reads, with sizes and SHA-256 (write_manifest fills it)
     format_version: int = FORMAT_VERSION
+    # A fine-tuned task head (runtime/tasks.py): its graph outputs the head's logits, not the vocabulary's, and has
+    # no KV cache. Absent (None) in a language model's manifest, which is written without the key, as before.
+    task: Task | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -196,7 +200,10 @@ class Manifest:
             object.__setattr__(self, "outputs", tuple(names.outputs))
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self)))  # tuples as lists, as written
+        d = json.loads(json.dumps(dataclasses.asdict(self)))  # tuples as lists, as written
+        if d["task"] is None:
+            del d["task"]  # a language model's manifest is what older gptedge wrote and reads
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:

@@ -194,6 +194,9 @@ def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | N
     started = time.perf_counter()
     imported = not (model_dir / MANIFEST_NAME).exists()
     manifest = manifest_from_hf_dir(model_dir) if imported else read_manifest(model_dir)
+    if manifest.task is not None:
+        raise ModelDirError(f"{model_dir} is a {manifest.task.name} classifier ({manifest.task.head} head), not a "
+                            "language model: use gptedge classify / gptedge.runtime.load_classifier")
     graph = model_path(model_dir, manifest)  # confined to the dir
     hashing = start_file_checks(model_dir, manifest, imported)  # sizes now, hashes while the session builds
     try:

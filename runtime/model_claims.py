@@ -61,6 +61,13 @@ def position_table_rows(facts: GraphFacts) -> int | None:
     return None
 
 
+def position_table_type(facts: GraphFacts) -> str | None:
+    for node in facts.nodes:
+        if node.op_type == "Gather" and node.inputs[1:2] == (C.POSITION_IDS,) and node.inputs[0] in facts.initializers:
+            return facts.initializers[node.inputs[0]].elem_type
+    return None
+
+
 def _context(m: Manifest, facts: GraphFacts) -> list[str]:
     rows = position_table_rows(facts)
     if rows is not None and rows != m.shape.context_length:
@@ -70,7 +77,8 @@ def _context(m: Manifest, facts: GraphFacts) -> list[str]:
 
 def _precision_and_method(m: Manifest, facts: GraphFacts) -> list[str]:
     ops = facts.ops
-    float_type = facts.input_types.get(C.past_key(0), "float32")
+    # the cache inputs' type; a task head's graph has no cache: its position table's
+    float_type = facts.input_types.get(C.past_key(0)) or position_table_type(facts) or "float32"
     q = m.quantization
     if not _says_its_ops(q.method if q is not None else None):
         return []
@@ -108,7 +116,7 @@ def _weight_only(m: Manifest, facts: GraphFacts, bits: Counter, linear_bits: int
     q, problems = m.quantization, []
     if q.bits != linear_bits:
         problems.append(f"{SAYS} bits {q.bits}, the graph's MatMulNBits linears are {linear_bits}-bit")
-    if q.embedding_bits not in bits:
+    if q.embedding_bits not in bits and m.task is None:  # a task head's graph has no LM head: no MatMulNBits reads it
         problems.append(f"{SAYS} embedding_bits {q.embedding_bits}, the graph's MatMulNBits are "
                         f"{' and '.join(map(str, sorted(bits)))}-bit")
     blocks = sorted({n.ints["block_size"] for n in facts.nodes

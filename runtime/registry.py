@@ -66,6 +66,19 @@ class FamilyEntry(Entry):
     final_norm: bool | None = None  # None: not said (the arch is then not checked against the graph)
 
 
+@dataclass(frozen=True)
+class TaskEntry(Entry):
+    """A fine-tuned task's line (the original GPT's input transformations, runtime/tasks.py): which head its
+    graph ends in, the fields a caller gives, the token templates of an example's rows (a special token's
+    role, "start" / "delimiter" / "extract", or a field; "choice" stands for each of the "choices") and how
+    the rows' logits combine ("one" row; "sum" of the rows, similarity's two orders; one logit per "choices")."""
+
+    head: str = "sequence-classification"
+    fields: tuple[str, ...] = ("text",)
+    sequences: tuple[tuple[str, ...], ...] = (("start", "text", "extract"),)
+    combine: str = "one"
+
+
 E = TypeVar("E", bound=Entry)
 
 
@@ -121,6 +134,19 @@ QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization met
     "weight-only": MethodEntry("gptedge.quantize.weight_only", bits=(8, 4), asymmetric=True, float16=True,
                                ops=("MatMulNBits",)),
     "fp16": MethodEntry("gptedge.quantize.fp16", bits=(16,), ops=()),
+})
+# The GPT paper's four task formats (§3.3). Their lines are data: export copies the chosen one into the manifest,
+# which the runtime reads (an old gptedge's manifest names no task: an LM).
+TASKS: Registry[TaskEntry, object] = Registry("task", "TASK", {
+    "classification": TaskEntry("gptedge.runtime.tasks"),
+    "entailment": TaskEntry("gptedge.runtime.tasks", fields=("premise", "hypothesis"),
+                            sequences=(("start", "premise", "delimiter", "hypothesis", "extract"),)),
+    "similarity": TaskEntry("gptedge.runtime.tasks", fields=("a", "b"),
+                            sequences=(("start", "a", "delimiter", "b", "extract"),
+                                       ("start", "b", "delimiter", "a", "extract")), combine="sum"),
+    "multiple-choice": TaskEntry("gptedge.runtime.tasks", head="multiple-choice", fields=("context", "choices"),
+                                 sequences=(("start", "context", "delimiter", "choice", "extract"),),
+                                 combine="choices"),
 })
 GRAPH_VARIANTS: Registry[GraphEntry, type] = Registry("graph variant", "VARIANT", {
     GRAPH_STANDARD: GraphEntry("gptedge.runtime.standard_graph"),

@@ -122,6 +122,22 @@ def gpt2_kv_buffer_loaded(tmp_path_factory, gpt2_checkpoint):
                 device="cpu")
 
 
+@pytest.fixture(scope="session")
+def task_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """transformers' fine-tuned classes (tests/task_checkpoints.py), tiny and seeded: head name -> checkpoint dir."""
+    from .task_checkpoints import build_checkpoints
+
+    return build_checkpoints(tmp_path_factory.mktemp("task-checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def task_dirs(tmp_path_factory, task_checkpoints) -> dict[str, Path]:
+    """Those checkpoints exported as classifier dirs (task_checkpoints.EXPORTS): name -> dir."""
+    from .task_checkpoints import build_dirs
+
+    return build_dirs(tmp_path_factory.mktemp("task-dirs"), task_checkpoints)
+
+
 SAMPLE_MODEL = ROOT / "samples" / "sample-model"
 # The web / mobile targets' recipes, made from the shipped (trained) sample model: its peaked distributions keep
 # greedy ids comparable across ONNX Runtime builds (Node's, WASM's, Python's), which a random tiny model's are not.

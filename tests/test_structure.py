@@ -22,7 +22,7 @@ OPTIONAL = {"torch", "onnx", "onnxruntime", "matplotlib", "starlette", "uvicorn"
             "transformers", "optimum", "ctranslate2", "llama_cpp", "onnxruntime_genai"}
 LIGHT_CLI = OPTIONAL | {"numpy"}  # the CLI defers numpy too: --help loads every command module
 # `import gptedge.runtime` stays free of numpy (the CLI imports it at --help): its load() defers the model module.
-DEFERRED = {("gptedge.runtime", "gptedge.runtime.model")}
+DEFERRED = {("gptedge.runtime", "gptedge.runtime.model"), ("gptedge.runtime", "gptedge.runtime.classify")}
 
 
 def modules() -> dict[str, Path]:

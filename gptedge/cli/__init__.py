@@ -8,6 +8,7 @@ checks them the same way; every failure is one `Error: ...` line with one set of
 
 # One line a command: importing its module registers it on `main` (`gptedge --help` lists them sorted).
 from . import bench  # noqa: F401
+from . import classify  # noqa: F401
 from . import compare  # noqa: F401
 from . import evaluate  # noqa: F401
 from . import export  # noqa: F401

@@ -7,10 +7,21 @@ import click
 from gptedge.atomic import check_output, scratch_dir
 from gptedge.runtime.contract import GRAPH_STANDARD
 from gptedge.runtime.recipe import QuantizeRecipe
-from gptedge.runtime.registry import GRAPH_VARIANTS
+from gptedge.runtime.registry import GRAPH_VARIANTS, TASKS
 
 from .group import command
 from .options import FORCE_HELP, count, diag, import_extra, registry_choice
+
+
+def special_tokens(ctx, param, value: tuple[str, ...]) -> dict[str, str | int]:
+    """click callback: ROLE=TOKEN pairs -> {role: token text, or an id where TOKEN is all digits}."""
+    out: dict[str, str | int] = {}
+    for item in value:
+        role, sep, token = item.partition("=")
+        if not sep or not token:
+            raise click.BadParameter(f"{item!r} is not ROLE=TOKEN (start, delimiter or extract)", ctx=ctx, param=param)
+        out[role.strip()] = int(token) if token.isdigit() else token
+    return out
 
 
 @command()
@@ -25,12 +36,20 @@ from .options import FORCE_HELP, count, diag, import_extra, registry_choice
 @click.option("--revision", default=None, help="Hub SOURCE: branch, tag or commit (default: main).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16: the validated fp32 export, halved (as quantize --method fp16); for --device cuda.")
+@click.option("--task", type=registry_choice(TASKS), default=None,
+              help="Export the checkpoint's fine-tuned head (*ForSequenceClassification: classification, entailment "
+                   "or similarity; *DoubleHeadsModel: multiple-choice) as a classifier dir for `gptedge classify`.")
+@click.option("--special-token", "special", multiple=True, callback=special_tokens, metavar="ROLE=TOKEN",
+              help="With --task: the start / delimiter / extract token (text or id), where the checkpoint's "
+                   "tokenizer_config.json does not declare it (bos_token / sep_token / cls_token). Repeatable.")
 def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str,
-           revision: str | None, precision: str) -> None:
+           revision: str | None, precision: str, task: str | None, special: dict) -> None:
     """Export a GPT-2 / GPT checkpoint to a model dir, then validate it.
 
     SOURCE: a local HF checkpoint dir, or a Hugging Face Hub id (gpt2, openai-community/gpt2-medium)."""
     check_output(out, force, inputs=[source])  # before importing torch, let alone loading
+    if task is not None or special:
+        return _export_task(source, out, force, opset, plain_ops, graph_variant, revision, precision, task, special)
     exporter = import_extra("gptedge.export.exporter", "export")
     if precision == "fp16":
         return _export_fp16(exporter, source, out, force, dict(opset=opset, fused=not plain_ops,
@@ -41,6 +60,20 @@ def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, grap
     diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.max_abs_diff:.2e} "
          f"({graph.output}, {graph.step}), top-1 {graph.top1_agreement:.2%}; "
          f"greedy {greedy.tokens_compared} tokens identical over {greedy.prompts} prompts")
+
+
+def _export_task(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str,
+                 revision: str | None, precision: str, task: str | None, special: dict) -> None:
+    if task is None:
+        raise click.UsageError("--special-token applies to --task exports only")
+    if graph_variant != GRAPH_STANDARD or precision != "fp32":
+        raise click.UsageError("--task exports a classifier graph (no KV cache): --graph and --precision do not apply")
+    heads = import_extra("gptedge.export.head_export", "export")
+    manifest = heads.export_task(source, out, task=task, special=special, force=force, opset=opset,
+                                 fused=not plain_ops, revision=revision)
+    parity = manifest.parity.graph_vs_reference
+    diag(f"exported {source} -> {out} ({manifest.task.name}, {manifest.task.head} head): head vs reference "
+         f"max |diff| {parity.max_abs_diff:.2e} ({parity.output}), top-1 {parity.top1_agreement:.2%}")
 
 
 def _export_fp16(exporter, source: str, out: str, force: bool, options: dict) -> None:

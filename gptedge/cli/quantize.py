@@ -84,5 +84,5 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe, calibration: str | No
     widths += ", fp16 activations" if recipe.float16 else ""
     diag(f"quantized {model} -> {out} ({recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "
          f"{'weights halved' if recipe.bits == 16 else 'nodes quantized'}; vs fp32 on seeded ids ({check.device}): "
-         f"top-1 {check.top1_agreement:.2%}, max |logit diff| {check.max_abs_logit_diff:.3g}, "
-         f"greedy {check.greedy_agreement:.0%} identical")
+         f"top-1 {check.top1_agreement:.2%}, max |logit diff| {check.max_abs_logit_diff:.3g}"
+         + ("" if check.greedy_agreement is None else f", greedy {check.greedy_agreement:.0%} identical"))
