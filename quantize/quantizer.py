@@ -27,6 +27,7 @@ from gptedge.runtime.manifest import (Fingerprint, Manifest, Parity, Quantizatio
 from gptedge.runtime.recipe import QuantizeRecipe
 from gptedge.runtime.tokenizer import TOKENIZER_FILE
 
+from . import kv_cache as kv
 from .base import Method, Quantized, QuantizeJob
 from .methods import method
 
@@ -51,6 +52,9 @@ def _check_source(model_dir: Path) -> Manifest:
     if manifest.quantization or manifest.precision != "fp32":
         how = manifest.quantization.method if manifest.quantization else manifest.precision
         raise QuantizationError(f"{model_dir} is already quantized ({how}); quantize its fp32 source instead")
+    if manifest.kv_cache != kv.DEFAULT_KV_CACHE:
+        raise QuantizationError(f"{model_dir} already stores its KV cache as {manifest.kv_cache}; quantize its fp32 "
+                                "source instead")
     return manifest
 
 
@@ -65,50 +69,78 @@ def _check_attention(m: Method, recipe: QuantizeRecipe, model: onnx.ModelProto) 
                                 f"attention in one fused float op ({fused})")
 
 
-def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeRecipe, force: bool = False,
+def quantize_model_dir(model_dir: str | Path, out: str | Path, recipe: QuantizeRecipe | None, force: bool = False,
                        calibration_text: str | None = None,
-                       progress: Callable[[int, int], None] | None = None, record_input: bool = True) -> Manifest:
+                       progress: Callable[[int, int], None] | None = None, record_input: bool = True,
+                       kv_cache: str = kv.DEFAULT_KV_CACHE) -> Manifest:
     """record_input False: the manifest names only the fp32 dir's own source (export --precision fp16, whose
-    fp32 dir is scratch)."""
+    fp32 dir is scratch). kv_cache: how a kv_buffer graph stores its cache (quantize/kv_cache.py); with recipe
+    None the cache is all that changes (the weights stay fp32)."""
     model_dir, out = Path(model_dir), Path(out)
     manifest = _check_source(model_dir)
     check_output(out, force, inputs=[model_dir])
-    m = method(recipe.method)
-    m.check(recipe, manifest.shape, calibration_text)
+    if recipe is None and kv_cache == kv.DEFAULT_KV_CACHE:
+        raise QuantizationError("nothing to do: give a quantization recipe, a KV cache other than fp32, or both")
+    m = method(recipe.method) if recipe is not None else None
+    if m is not None:
+        m.check(recipe, manifest.shape, calibration_text)
+    cache = kv.check_kv_cache(kv_cache, manifest.graph, recipe is not None and recipe.half_precision)
+    scales = _kv_scales(model_dir, manifest, recipe, cache, calibration_text, progress)
     # The graph without its weights: the methods read each external weight when they quantize it
     # (Rewrite, from job.model_dir), so a 6 GB fp32 source is never in memory whole.
-    model = onnx.load(str(model_dir / manifest.model_file), load_external_data=False)
-    _check_attention(m, recipe, model)
+    model = onnx.load(str(model_dir / manifest.model_file), load_external_data=m is None)
+    if m is not None:
+        _check_attention(m, recipe, model)
     with atomic_output_dir(out, force, inputs=[model_dir]) as tmp:
         job = QuantizeJob(model, recipe, manifest, model_dir, tmp / WORK_DIR, calibration_text, progress)
         del model
-        quantization = _rewrite_and_save(m, job, tmp / manifest.model_file)  # its graphs are gone on return
+        quantization = _rewrite_and_save(m, job, tmp / manifest.model_file, cache, scales)  # graphs gone on return
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, tmp / name)
-        new = manifest.replace(precision=m.precision(recipe), quantization=quantization, parity=Parity(),
+        new = manifest.replace(precision=m.precision(recipe) if m else manifest.precision, quantization=quantization,
+                               parity=Parity(), kv_cache=cache.name,
                                source=Source(quantized_from=str(model_dir.resolve()) if record_input else None,
                                              fp32_source=manifest.source,
                                              gptedge_version=__version__))
         new = write_manifest(tmp, new)  # records the files' sizes and hashes: the check below loads the dir
-        device = "auto" if recipe.half_precision else "cpu"  # fp16 graphs are checked on the GPU where there is one
+        device = "auto" if recipe is not None and recipe.half_precision else "cpu"  # fp16: on a GPU where there is one
         if new.task is None:
             write_genai_files(tmp, new)
             vs_fp32, fingerprint = check_against_source(model_dir, tmp, manifest.shape.vocab_size, device)
         else:  # a task head: no generation, so no GenAI config and no greedy fingerprint
             vs_fp32, fingerprint = check_head_against_source(model_dir, tmp, device), None
         new = write_manifest(tmp, new.replace(parity=Parity(vs_fp32=vs_fp32, fingerprint=fingerprint)))
-    log.info("wrote %s (%s, %s)", out, recipe.method, new.precision)
+    log.info("wrote %s (%s, %s, %s KV cache)", out, recipe.method if recipe else "fp32 weights", new.precision,
+             new.kv_cache)
     return new
 
 
-def _rewrite_and_save(m: Method, job: QuantizeJob, path: Path) -> Quantization:
-    """The method's rewrite, saved (weights in external data when big) -> what the manifest says about it."""
+def _kv_scales(model_dir: Path, manifest: Manifest, recipe: QuantizeRecipe | None, cache: kv.KVCacheKind,
+               text: str | None, progress) -> list[np.ndarray] | None:
+    """An int8 / int4 cache's scales, measured on the fp32 source over the calibration text (before the
+    weights are touched: the scales belong to the model, and its K/V move little with 8-bit weights)."""
+    if not cache.quantized:
+        return None
+    defaults = QuantizeRecipe("dynamic")  # the calibration budget's defaults, when only the cache changes
+    budget = (recipe or defaults).calibration_sequences * (recipe or defaults).calibration_length
+    windows = kv.calibration_ids(model_dir, text, budget, manifest.shape.context_length)
+    log.info("KV cache scales: %d windows of %d tokens", len(windows), windows[0].shape[1])
+    return kv.scales_from_absmax(kv.measure_absmax(model_dir, windows, progress), cache)
+
+
+def _rewrite_and_save(m: Method | None, job: QuantizeJob, path: Path, cache: kv.KVCacheKind,
+                      scales: list[np.ndarray] | None) -> Quantization | None:
+    """The method's rewrite (and the cache's), saved (weights in external data when big) -> what the manifest
+    says about it (None: no method, the weights as they were)."""
     job.work_dir.mkdir()
-    done = m.apply(job)
+    model = m.apply(job) if m is not None else None
+    graph = model.model if model is not None else job.model
+    if cache.name != kv.DEFAULT_KV_CACHE:
+        kv.rewrite_kv_cache(graph, cache, job.manifest.shape.head_dim, scales)
     shutil.rmtree(job.work_dir)
-    save_onnx(done.model, path)
-    return describe(m, done)
+    save_onnx(graph, path)
+    return describe(m, model) if m is not None else None
 
 
 GREEDY_CHECK_TOKENS = 16

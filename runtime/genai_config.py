@@ -13,6 +13,11 @@ same dir runs there unchanged. Choices, checked against onnxruntime-genai 0.18.0
   to be separate ("attention_bias dimension 3 should be same as total_sequence_length").
 - search defaults: generation_config.json's values where it has them; otherwise sampling with top-k 40,
   the setting of GPT-2's own sampling examples, and max_length = the context length.
+- the KV cache's storage (manifest `kv_cache`: fp16 / int8 / int4, quantize --kv-cache) needs no field:
+  GenAI 0.18 allocates the cache in the element type and shape the graph declares for its past inputs
+  (int8 / int4 scales are initializers inside the graph), and its greedy ids equal gptedge's on all four
+  caches of the sample model. (onnxruntime-genai's open PR #2187 adds a `kv_cache_quantization` section for
+  graphs its own builder writes; a release that requires it would need one here.)
 - `logits_to_keep` is never named: GenAI does not know it and leaves it unfed, so graphs give it a
   default (an overridable initializer, 0 = logits for every position, which GenAI then cuts itself).
 - tokenizer_config.json: GenAI refuses to load a tokenizer without one; its content only names the

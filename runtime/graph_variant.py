@@ -19,11 +19,13 @@ import numpy as np
 
 from . import contract as C
 from .errors import ModelDirError
+from .kv_cache import KV_CACHES
 from .manifest import Manifest, ModelShape
 from .registry import GRAPH_VARIANTS
 from .sequence_pool import SequentialPool
 
 _ORT_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+_ORT_CACHE = {**_ORT_FLOAT, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}  # kv_cache.py's storage types
 
 
 class DecodeState(Protocol):
@@ -62,7 +64,10 @@ class GraphVariant:
         self.output_names = list(manifest.outputs)
         inputs = {i.name: i.type for i in session.get_inputs()}
         outputs = {o.name: o.type for o in session.get_outputs()}
-        self.kv_dtype = _ORT_FLOAT.get(inputs.get(C.past_key(0)), np.float32)
+        # the cache's element type as the graph declares it (load's claim check has matched it to the manifest's
+        # kv_cache), and its last dimension: head_dim, or head_dim / 2 for an int4 cache (two values a byte)
+        self.kv_dtype = _ORT_CACHE.get(inputs.get(C.past_key(0)), np.float32)
+        self.kv_width = KV_CACHES[manifest.kv_cache].width(manifest.shape.head_dim)
         self.logits_dtype = _ORT_FLOAT.get(outputs.get(C.LOGITS), np.float32)
         # where caches live: the first provider's device (CUDA keeps them on the GPU)
         self.kv_device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
@@ -83,8 +88,8 @@ class GraphVariant:
 
     # -- every position -----------------------------------------------------------------------------
     def empty_past(self, batch: int) -> list[np.ndarray]:
-        """A zero-length past (B, nh, 0, hs) per key and value, for forward()."""
-        shape = (batch, self.shape.n_head, 0, self.shape.head_dim)
+        """A zero-length past (B, nh, 0, width) per key and value, for forward()."""
+        shape = (batch, self.shape.n_head, 0, self.kv_width)
         return [np.zeros(shape, self.kv_dtype) for _ in range(2 * self.shape.n_layer)]
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,

@@ -29,7 +29,7 @@ class KVBufferState:
 
     def __init__(self, graph: "KVBufferGraph", batch: int, max_length: int):
         shape = graph.shape
-        kv_shape = (batch, shape.n_head, max_length, shape.head_dim)
+        kv_shape = (batch, shape.n_head, max_length, graph.kv_width)  # kv_width: head_dim, or head_dim / 2 (int4)
         # Left uninitialised: GroupQueryAttention reads positions < total_sequence_length only, and every
         # such position (padding included) was written by an earlier step of this generation.
         self.buffers = [graph.ort.OrtValue.ortvalue_from_shape_and_type(kv_shape, graph.kv_dtype, graph.kv_device, 0)

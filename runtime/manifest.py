@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from .contract import GRAPH_STANDARD, IONames
 from .errors import GptEdgeError, ModelDirError
+from .kv_cache import DEFAULT_KV_CACHE, kv_cache_kind
 from .model_files import FileRecord, record_files
 from .recipe import QuantizeRecipe
 from .registry import FAMILIES, GRAPH_VARIANTS
@@ -30,8 +31,12 @@ MANIFEST_NAME = "gptedge.json"
 MODEL_FILE = "model.onnx"
 # 2: `files` (sizes and SHA-256) and parity.fingerprint. gptedge reads 1 and 2 and writes 2; an older gptedge
 # refuses 2 in one line ("format_version 2 is not supported") rather than stumbling on the new fields.
+# 3: `kv_cache` other than fp32 (issue #23). Only such a manifest is written as 3, so an older gptedge refuses
+# it in one line instead of binding float buffers to an int8 cache; an fp32-cache manifest stays 2, without
+# the field, and every gptedge reads it.
 FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+KV_CACHE_FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 PRECISIONS = ("fp32", "fp16", "int8", "int4")  # int4: 4-bit weight-only linears
 # The families, graph variants and quantization methods a manifest may name are the registry's (registry.py).
 
@@ -185,6 +190,9 @@ class Manifest:
     parity: Parity = field(default_factory=Parity)  # figures measured at export / quantize
     files: tuple[FileRecord, ...] = ()  # what the runtime reads, with sizes and SHA-256 (write_manifest fills it)
     format_version: int = FORMAT_VERSION
+    # the KV cache's storage on a kv_buffer graph (runtime/kv_cache.py); absent (older dirs): fp32, the graph's
+    # own float type
+    kv_cache: str = DEFAULT_KV_CACHE
     # A fine-tuned task head (runtime/tasks.py): its graph outputs the head's logits, not the vocabulary's, and has
     # no KV cache. Absent (None) in a language model's manifest, which is written without the key, as before.
     task: Task | None = None
@@ -194,6 +202,7 @@ class Manifest:
             raise ModelDirError(f"manifest precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         FAMILIES.check(self.shape.arch, ModelDirError, where="manifest arch")
         GRAPH_VARIANTS.check(self.graph, ModelDirError, where="manifest graph")
+        kv_cache_kind(self.kv_cache, ModelDirError)
         if not self.inputs:
             names = IONames(self.shape.n_layer)
             object.__setattr__(self, "inputs", tuple(names.inputs))
@@ -203,14 +212,17 @@ class Manifest:
         d = json.loads(json.dumps(dataclasses.asdict(self)))  # tuples as lists, as written
         if d["task"] is None:
             del d["task"]  # a language model's manifest is what older gptedge wrote and reads
+        if self.kv_cache == DEFAULT_KV_CACHE:
+            del d["kv_cache"]  # as format 2 wrote it, so an older gptedge still reads the dir
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         version = d.get("format_version", None) if isinstance(d, dict) else None
         if version not in READ_VERSIONS:
+            readable = f"{', '.join(map(str, READ_VERSIONS[:-1]))} and {READ_VERSIONS[-1]}"
             raise ModelDirError(f"manifest format_version {version!r} is not supported (this gptedge reads "
-                                f"{' and '.join(map(str, READ_VERSIONS))})")
+                                f"{readable})")
         return typed(cls, d, "manifest")
 
     def replace(self, **changes: Any) -> Manifest:
@@ -291,6 +303,7 @@ def write_json(path: Path, data: Any) -> None:
 def write_manifest(model_dir: str | Path, manifest: Manifest) -> Manifest:
     """Write gptedge.json with the records (size, SHA-256) of the files as they are now -> the manifest written.
     Call it once the model files are final."""
-    manifest = manifest.replace(files=record_files(model_dir, manifest.model_file), format_version=FORMAT_VERSION)
+    version = FORMAT_VERSION if manifest.kv_cache == DEFAULT_KV_CACHE else KV_CACHE_FORMAT_VERSION
+    manifest = manifest.replace(files=record_files(model_dir, manifest.model_file), format_version=version)
     write_json(Path(model_dir) / MANIFEST_NAME, manifest.to_dict())
     return manifest

@@ -7,6 +7,7 @@ What each claim is checked against (facts from onnx_wire, read without running a
 - quantization method: the ops that method writes (its registry line's `ops`); for weight-only, the
   MatMulNBits `bits` and `block_size` attributes too;
 - graph variant: the I/O contract (kv_buffer graphs share one buffer through GroupQueryAttention);
+- kv_cache: the cache inputs' element type and GroupQueryAttention's kv_cache_bit_width (kv_cache.py);
 - arch: the LayerNorm count (two a block, and one after them for a family whose registry line says
   `final_norm`: GPT-2 2n + 1, the original GPT 2n), and config.json;
 - eos / bos / pad ids: config.json, generation_config.json, and the tokenizer (an id it has, and one of
@@ -23,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import contract as C
+from .kv_cache import DEFAULT_KV_CACHE, KV_CACHES, cache_onnx_type
 from .manifest import MANIFEST_NAME, Manifest
 from .onnx_wire import GraphFacts
 from .registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
@@ -61,13 +63,6 @@ def position_table_rows(facts: GraphFacts) -> int | None:
     return None
 
 
-def position_table_type(facts: GraphFacts) -> str | None:
-    for node in facts.nodes:
-        if node.op_type == "Gather" and node.inputs[1:2] == (C.POSITION_IDS,) and node.inputs[0] in facts.initializers:
-            return facts.initializers[node.inputs[0]].elem_type
-    return None
-
-
 def _context(m: Manifest, facts: GraphFacts) -> list[str]:
     rows = position_table_rows(facts)
     if rows is not None and rows != m.shape.context_length:
@@ -75,10 +70,20 @@ def _context(m: Manifest, facts: GraphFacts) -> list[str]:
     return []
 
 
+def graph_float_type(m: Manifest, facts: GraphFacts) -> str:
+    """The float type the graph computes in: float16 where its initializers are (an fp16 graph), else float32;
+    a graph with no initializers read says it by its cache inputs' type. (Not the cache's type alone: a
+    kv_cache of fp16 / int8 / int4 is stored apart from how the graph computes.)"""
+    floats = {i.elem_type for i in facts.initializers.values()} & {"float16", "float32"}
+    if not floats:
+        cache = facts.input_types.get(C.past_key(0), "float32")
+        return cache if cache in ("float32", "float16") else "float32"
+    return "float16" if "float16" in floats else "float32"
+
+
 def _precision_and_method(m: Manifest, facts: GraphFacts) -> list[str]:
     ops = facts.ops
-    # the cache inputs' type; a task head's graph has no cache: its position table's
-    float_type = facts.input_types.get(C.past_key(0)) or position_table_type(facts) or "float32"
+    float_type = graph_float_type(m, facts)
     q = m.quantization
     if not _says_its_ops(q.method if q is not None else None):
         return []
@@ -135,6 +140,22 @@ def _graph_variant(m: Manifest, facts: GraphFacts) -> list[str]:
         how = ("past and present share one buffer (GroupQueryAttention)" if found == C.GRAPH_KV_BUFFER
                else "past and present are separate tensors (no GroupQueryAttention)")
         return [f"{SAYS} graph {m.graph}, the graph's I/O contract is {found}'s: {how}"]
+    return []
+
+
+def _kv_cache(m: Manifest, facts: GraphFacts) -> list[str]:
+    cache = facts.input_types.get(C.past_key(0))
+    if cache is None:
+        return []
+    want = cache_onnx_type(m.kv_cache, graph_float_type(m, facts))
+    bits = {n.ints.get("kv_cache_bit_width", 0) for n in facts.nodes if n.op_type == "GroupQueryAttention"}
+    if cache != want:
+        return [f"{SAYS} kv_cache {m.kv_cache}, the graph's cache is {cache} ({want} expected)"]
+    if bits and bits != {KV_CACHES[m.kv_cache].bits}:  # int8 and int4 both fit an 8-bit element
+        found = ", ".join(str(b) if b else "float" for b in sorted(bits))
+        return [f"{SAYS} kv_cache {m.kv_cache}, the graph's GroupQueryAttention stores {found}-bit values"]
+    if m.kv_cache != DEFAULT_KV_CACHE and not bits:
+        return [f"{SAYS} kv_cache {m.kv_cache}, which only a kv_buffer graph (GroupQueryAttention) can store"]
     return []
 
 
@@ -227,6 +248,6 @@ def claim_problems(model_dir: Path, m: Manifest, facts: GraphFacts | None, token
     problems = [d["__error__"] for d in (config, generation) if "__error__" in d]
     if facts is not None:
         problems += (_context(m, facts) + _precision_and_method(m, facts) + _graph_variant(m, facts)
-                     + _external_files(m, facts))
+                     + _kv_cache(m, facts) + _external_files(m, facts))
     return problems + _arch(m, graph, config) + _tokenizer_vocab(m, tokenizer) + _special_ids(m, config, generation,
                                                                                           tokenizer)

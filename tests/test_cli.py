@@ -347,3 +347,10 @@ def test_generate_beam_options(runner, gpt2_model_dir, gpt2_loaded):
         assert [s["text"] for s in got] == want.texts
     bad = runner.invoke(main, [*args, "--num-beams", "2", "--seed", "1"])
     assert bad.exit_code == 2 and "takes no sampling options" in bad.output
+
+
+def test_quantize_kv_cache_value_is_checked(runner, gpt2_model_dir, tmp_path):
+    """--kv-cache end to end (every value, the graph, the manifest, the pool): test_kv_cache.py; here a bad value."""
+    result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"), "--kv-cache", "int3"])
+    assert "'int3' is not one of 'fp32', 'fp16', 'int8', 'int4'" in one_line_error(result)
+    assert result.exit_code == 2 and not (tmp_path / "x").exists()

@@ -41,13 +41,15 @@ def edited(d: dict, path: str, value) -> dict:
 DELETE = object()
 
 
-@pytest.mark.parametrize("version, shown", [(DELETE, "None"), (3, "3"), (0, "0"), ("1", "'1'"), (None, "None"),
+@pytest.mark.parametrize("version, shown", [(DELETE, "None"), (4, "4"), (0, "0"), ("1", "'1'"), (None, "None"),
                                             (1.5, "1.5")])
-def test_only_format_versions_1_and_2_are_read(written, version, shown):
+def test_only_format_versions_1_to_3_are_read(written, version, shown):
+    """2 is written unless the KV cache is not fp32 (then 3, test_kv_cache.py)."""
     assert FORMAT_VERSION == 2 and Manifest.from_dict(written).format_version == 2
     assert Manifest.from_dict(edited(written, "format_version", 1)).format_version == 1  # older dirs still read
+    assert Manifest.from_dict(edited(written, "format_version", 3)).format_version == 3
     with pytest.raises(ModelDirError, match=f"^manifest format_version {shown} is not supported "
-                                            "\\(this gptedge reads 1 and 2\\)$"):
+                                            "\\(this gptedge reads 1, 2 and 3\\)$"):
         Manifest.from_dict(edited(written, "format_version", version))
     with pytest.raises(ModelDirError, match="^manifest.format_version should be int, got True$"):
         Manifest.from_dict(edited(written, "format_version", True))  # True == 1 to Python, not to a manifest

@@ -156,8 +156,8 @@ def test_manifests_are_written_as_format_2_and_format_1_still_reads(dirs, tmp_pa
     d = copy(dirs, "fp32", tmp_path)
     edit(d, no_records)
     assert read_manifest(d).format_version == 1 and read_manifest(d).files == ()
-    edit(d, lambda m: m.update(format_version=3))
-    with pytest.raises(ModelDirError, match="format_version 3 is not supported .this gptedge reads 1 and 2."):
+    edit(d, lambda m: m.update(format_version=4))  # 3: a dir whose KV cache is not fp32 (test_kv_cache.py)
+    with pytest.raises(ModelDirError, match="format_version 4 is not supported .this gptedge reads 1, 2 and 3."):
         read_manifest(d)
 
 

@@ -36,6 +36,7 @@ def info(model: str, device: str) -> None:
     genai = genai_readiness(model, loaded.manifest)
     web = web_readiness(loaded.manifest)
     click.echo(json.dumps({"model_dir": model, "manifest": loaded.manifest.to_dict(),
+                           "kv_cache": loaded.manifest.kv_cache,  # absent from a manifest when fp32
                            "providers_available": available_providers(), **provider_report(loaded.session),
                            "genai_ready": genai.ready, "genai": genai.reason, "web_ready": web.ready, "web": web.reason,
                            "registered": registered()}, indent=2))

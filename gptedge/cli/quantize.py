@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from gptedge.atomic import check_output
+from gptedge.runtime.kv_cache import DEFAULT_KV_CACHE, KV_CACHES
 from gptedge.runtime.recipe import ACTIVATION_SCALES, QuantizeRecipe
 from gptedge.runtime.registry import QUANTIZATION_METHODS
 
@@ -21,8 +22,10 @@ _TAKEN_BY = {"--bits": lambda e: len(e.bits) > 1, "--embedding-bits": lambda e: 
              "--symmetric/--asymmetric": lambda e: e.asymmetric, "--float16": lambda e: e.float16}
 
 
-def _recipe(method: str, bits: str | None, embedding_bits: str | None, symmetric: bool | None, float16: bool,
-            **fields) -> QuantizeRecipe:
+def _recipe(method: str | None, bits: str | None, embedding_bits: str | None, symmetric: bool | None, float16: bool,
+            **fields) -> QuantizeRecipe | None:
+    if method is None:  # --kv-cache alone: the weights stay fp32 (checked in the command)
+        return None
     entry = QUANTIZATION_METHODS.entry(method)
     for flag, value in (("--bits", bits), ("--symmetric/--asymmetric", symmetric),
                         ("--embedding-bits", embedding_bits), ("--float16", float16 or None)):
@@ -35,8 +38,9 @@ def _recipe(method: str, bits: str | None, embedding_bits: str | None, symmetric
 
 recipe_options = grouped(
     "recipe", _recipe,
-    click.option("--method", required=True, type=registry_choice(QUANTIZATION_METHODS),
-                 help="fp16: no integers, every float halved (GPUs; the CUDA provider's attention needs it)."),
+    click.option("--method", type=registry_choice(QUANTIZATION_METHODS),
+                 help="fp16: no integers, every float halved (GPUs; the CUDA provider's attention needs it). "
+                      "Required unless --kv-cache is given (then the weights stay fp32)."),
     click.option("--per-channel/--per-tensor", default=True, show_default=True,
                  help="Weight scales (dynamic, static)."),
     click.option("--block-size", default=32, show_default=True, type=count(1), help="Weight-only: weights per scale."),
@@ -68,21 +72,35 @@ recipe_options = grouped(
 @recipe_options
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=str),
               help="Static (required): calibration text file (UTF-8).")
+@click.option("--kv-cache", type=click.Choice(list(KV_CACHES)), default=DEFAULT_KV_CACHE, show_default=True,
+              help="kv_buffer graphs: the KV cache's storage (fp16 halves it, int8 a quarter, int4 an eighth; "
+                   "int8/int4 scales are measured on --calibration).")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
-def quantize(model: str, out: str, recipe: QuantizeRecipe, calibration: str | None, force: bool) -> None:
+def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: str | None, kv_cache: str,
+             force: bool) -> None:
     """Write an INT8 (weight-only INT4, or fp16) variant of the fp32 model dir MODEL into OUT; the manifest
-    records the recipe."""
-    if calibration is None and QUANTIZATION_METHODS.entry(recipe.method).calibrated:
+    records the recipe. --kv-cache (kv_buffer graphs) also stores the KV cache in fewer bytes, with or
+    without --method."""
+    if recipe is None and kv_cache == DEFAULT_KV_CACHE:
+        raise click.UsageError("--method is required (or --kv-cache, to change the cache alone)")
+    if recipe is not None and calibration is None and QUANTIZATION_METHODS.entry(recipe.method).calibrated:
         raise click.UsageError(f"--method {recipe.method} needs --calibration TEXT_FILE")
+    if calibration is None and KV_CACHES[kv_cache].quantized:
+        raise click.UsageError(f"--kv-cache {kv_cache} needs --calibration TEXT_FILE (its scales are measured)")
     check_output(out, force, inputs=[model, calibration])
     text = read_text(calibration) if calibration else None
     q = import_extra("gptedge.quantize.quantizer", "quantize")
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
-                                    progress=progress("calibrating"))
+                                    progress=progress("calibrating"), kv_cache=kv_cache)
     check = manifest.parity.vs_fp32
-    widths = "" if recipe.bits in (8, 16) else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
-    widths += ", fp16 activations" if recipe.float16 else ""
-    diag(f"quantized {model} -> {out} ({recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "
-         f"{'weights halved' if recipe.bits == 16 else 'nodes quantized'}; vs fp32 on seeded ids ({check.device}): "
+    if recipe is None:
+        done = f"fp32 weights, {kv_cache} KV cache)"
+    else:
+        widths = "" if recipe.bits in (8, 16) else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
+        widths += ", fp16 activations" if recipe.float16 else ""
+        widths += f", {kv_cache} KV cache" if kv_cache != DEFAULT_KV_CACHE else ""
+        done = (f"{recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "
+                f"{'weights halved' if recipe.bits == 16 else 'nodes quantized'}")
+    diag(f"quantized {model} -> {out} ({done}; vs fp32 on seeded ids ({check.device}): "
          f"top-1 {check.top1_agreement:.2%}, max |logit diff| {check.max_abs_logit_diff:.3g}"
          + ("" if check.greedy_agreement is None else f", greedy {check.greedy_agreement:.0%} identical"))
