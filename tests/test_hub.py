@@ -125,3 +125,21 @@ def test_only_export_files_are_asked_for_and_token_is_passed(hub, tmp_path, monk
     assert "model.safetensors" in kwargs["allow_patterns"] and "config.json" in kwargs["allow_patterns"]
     assert not any(p.endswith((".h5", ".msgpack", ".onnx", ".bin")) for p in kwargs["allow_patterns"])
     assert path.name == REV_A
+
+
+def test_task_head_exports_from_a_hub_id(hub, tmp_path):
+    """export --task takes a Hub id as the LM export does: the cached snapshot is read and recorded."""
+    from tests.task_checkpoints import make_checkpoint
+
+    repo = hub / "hub" / "models--org--tiny-entail"
+    make_checkpoint("gpt2-seq", repo / "snapshots" / REV_A)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(REV_A)
+    result = export("org/tiny-entail", "-o", str(tmp_path / "cls"), "--task", "entailment")
+    assert result.exit_code == 0, result.output
+    m = manifest(tmp_path / "cls")
+    assert m["source"]["hub_repo_id"] == "org/tiny-entail" and m["source"]["hub_revision"] == REV_A
+    assert m["task"]["name"] == "entailment" and m["task"]["id2label"]["2"] == "entailment"
+    missing = export("org/not-cached", "-o", str(tmp_path / "none"), "--task", "entailment")
+    assert missing.exit_code != 0 and len(missing.output.strip().splitlines()) == 1
+    assert not (tmp_path / "none").exists()
