@@ -74,3 +74,22 @@ def test_recorded_held_out_accuracy_is_what_the_export_measures(exported):
     readme = (SAMPLE / "README.md").read_text()
     assert re.search(rf"\| fp32 \|[^\n]*\| {accuracy:.2%} ", readme), "README's fp32 row"
     assert accuracy > 0.5  # five labels: chance is 0.2
+
+
+def test_transformers_reads_the_checkpoint_and_agrees_with_the_export(exported):
+    """The shipped checkpoint is a real GPT2ForSequenceClassification: transformers loads every tensor (no missing or
+    unexpected keys) and its logits on held-out rows match the exported graph's."""
+    transformers = pytest.importorskip("transformers")
+    import numpy as np
+    import torch
+
+    model, info = transformers.GPT2ForSequenceClassification.from_pretrained(SAMPLE, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    clf = runtime.load_classifier(exported, device="cpu")
+    texts = [e["text"] for e in read_jsonl(HELD_OUT.read_text(encoding="utf-8"))[::100]]  # one of each novel
+    for text in texts:
+        [row] = clf.example_rows(text)  # start text extract
+        with torch.no_grad():
+            want = model.eval()(torch.tensor([row])).logits.numpy()
+        got = clf.logits(np.array([row]), np.ones((1, len(row)), np.int64))
+        assert np.abs(want - got).max() < 1e-4

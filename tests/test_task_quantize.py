@@ -130,3 +130,13 @@ def test_the_recorded_vs_fp32_figures_are_recomputed_from_the_graphs(task_dirs, 
         assert vs.max_abs_logit_diff == pytest.approx(float(np.abs(a - b).max()), rel=1e-5)
         assert vs.top1_agreement == float((a.argmax(-1) == b.argmax(-1)).mean())
         assert vs.greedy_agreement is None and vs.max_abs_logit_diff > 0
+
+
+def test_a_manifest_written_before_quantize_head_reads_as_head_quantized(task_dirs, quantized):
+    """Before the field existed quantize quantized the head with the blocks: an older manifest says so."""
+    from gptedge.runtime.manifest import Quantization, typed
+
+    recorded = dataclasses.asdict(load_classifier(quantized["gpt2-seq", "dynamic"], device="cpu")
+                                  .manifest.quantization)
+    assert recorded.pop("quantize_head") is False
+    assert typed(Quantization, recorded, "manifest.quantization").quantize_head is True
