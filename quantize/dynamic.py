@@ -1,6 +1,7 @@
 """Dynamic INT8: s8 weights, u8 activations quantized at run time.
 
-Every linear MatMul (with its bias Add) and the tied LM head are quantized. By default each row of
+Every linear MatMul (with its bias Add) and the tied LM head are quantized (a task head's linear only with
+recipe.quantize_head: by default it stays fp32, see runtime/recipe.py). By default each row of
 activations (one position of one sequence) gets its own scale, so a sequence's result does not
 depend on what else is in its batch: absmax per row -> QuantizeLinear -> MatMulIntegerToFloat ->
 rescale (+ bias). `activation_scale="per-tensor"` keeps the one fused DynamicQuantizeMatMul with

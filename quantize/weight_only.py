@@ -1,8 +1,8 @@
 """Weight-only 8-bit: MatMulNBits with one scale per block of weights along K; activations stay float
 (or are quantized per block inside the kernel, accuracy_level 4).
 
-Every linear MatMul and the tied LM head become MatMulNBits; the embedding gathers rows of the
-same blocks and dequantizes them with plain ops.
+Every linear MatMul and the tied LM head become MatMulNBits (a task head's linear only with
+recipe.quantize_head); the embedding gathers rows of the same blocks and dequantizes them with plain ops.
 """
 
 from __future__ import annotations
