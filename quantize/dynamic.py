@@ -1,6 +1,7 @@
 """Dynamic INT8: s8 weights, u8 activations quantized at run time.
 
-Every linear MatMul (with its bias Add) and the tied LM head are quantized. By default each row of
+Every linear MatMul (with its bias Add) and the tied LM head are quantized (a task head's linear only with
+recipe.quantize_head: by default it stays fp32, see runtime/recipe.py). By default each row of
 activations (one position of one sequence) gets its own scale, so a sequence's result does not
 depend on what else is in its batch: absmax per row -> QuantizeLinear -> MatMulIntegerToFloat ->
 rescale (+ bias). `activation_scale="per-tensor"` keeps the one fused DynamicQuantizeMatMul with
@@ -69,21 +70,24 @@ class _PerRow:
 
 
 def rewrite_dynamic(model: onnx.ModelProto, per_channel: bool = True, quantize_attention: bool = False,
-                    per_row: bool = True, reduce_range: bool = True,
+                    per_row: bool = True, reduce_range: bool = True, quantize_head: bool = True,
                     base_dir: Path | None = None) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Linear MatMuls -> int8 weights times activations quantized at run time (per row, or per tensor
     with DynamicQuantizeMatMul).
 
     The tied embedding is stored once, transposed, as int8 (C, V) with one scale per vocabulary row:
     the LM head reads it as its B; the embedding gathers its columns (axis 1). base_dir: the model's
-    directory, where its external data (if any) is read from.
+    directory, where its external data (if any) is read from. quantize_head False: a task head's linear (the
+    score on the extract state) stays a float MatMul.
     """
     r = Rewrite(model, base_dir)
+    float_head = None if quantize_head else r.head_linear()
     rows = _PerRow(r) if per_row else None
     qmax = qm.QMAX_REDUCED if reduce_range else qm.QMAX
     wte, gather, gemm = r.tied_embedding()
     # A linear's bias Add goes into DynamicQuantizeMatMul's bias input: one kernel, no (B, S, N) pass.
-    bias_adds = r.bias_adds()
+    head_out = next((n.output[0] for n in model.graph.node if n.name == float_head), None)
+    bias_adds = {out: v for out, v in r.bias_adds().items() if out != head_out}  # a float head keeps its own Add
     folded = {add.output[0] for add, _ in bias_adds.values()}
     q, scale = qm.quantize_rows(r.weights[wte], per_channel, qmax)  # (V, C) int8, (V,)
     wq = r.init(f"{wte}.int8_t", q.T)  # (C, V)
@@ -109,7 +113,7 @@ def rewrite_dynamic(model: onnx.ModelProto, per_channel: bool = True, quantize_a
             r.quantized[node.name] = f"{_kernel(per_row)} (LM head, tied int8 weight)"
         elif node.op_type == "Add" and node.output[0] in folded:
             continue  # emitted with its MatMul
-        elif r.is_linear(node):
+        elif r.is_linear(node) and node.name != float_head:
             wq_l, ws_l = qm.quantize_columns(r.weights[node.input[1]], per_channel, qmax)
             w = node.input[1]
             inputs = [node.input[0], r.init(f"{w}.int8", wq_l), r.init(f"{w}.scale", ws_l),
@@ -143,7 +147,7 @@ def apply(job: QuantizeJob) -> Quantized:
     recipe = job.recipe
     model, nodes = rewrite_dynamic(job.model, recipe.per_channel, recipe.quantize_attention,
                                    per_row=recipe.activation_scale == "per-row", reduce_range=recipe.reduce_range,
-                                   base_dir=job.model_dir)
+                                   quantize_head=recipe.quantize_head, base_dir=job.model_dir)
     return Quantized(model, nodes, job.recipe)
 
 

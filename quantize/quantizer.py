@@ -6,6 +6,7 @@ point each (methods.py); nothing here branches on the method's name.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from collections import Counter
@@ -40,9 +41,12 @@ FUSED_ATTENTION_OPS = ("MultiHeadAttention", "GroupQueryAttention")  # attention
 WORK_DIR = ".work"  # scratch inside the partial output dir, removed before it becomes the output
 
 
-def describe(m: Method, done: Quantized) -> Quantization:
+def describe(m: Method, done: Quantized, task_head: bool = False) -> Quantization:
     """What the manifest says about how the weights and activations are stored."""
-    return Quantization(**asdict(done.recipe), **asdict(m.storage(done.recipe)),
+    storage = m.storage(done.recipe)
+    if task_head and not done.recipe.quantize_head:
+        storage = dataclasses.replace(storage, kept_float=f"{storage.kept_float}, the task head's linear")
+    return Quantization(**asdict(done.recipe), **asdict(storage),
                         attention_products="int8" if done.recipe.quantize_attention else "float",
                         quantized_nodes=dict(Counter(done.nodes.values())))
 
@@ -140,7 +144,7 @@ def _rewrite_and_save(m: Method | None, job: QuantizeJob, path: Path, cache: kv.
         kv.rewrite_kv_cache(graph, cache, job.manifest.shape.head_dim, scales)
     shutil.rmtree(job.work_dir)
     save_onnx(graph, path)
-    return describe(m, model) if m is not None else None
+    return describe(m, model, job.manifest.task is not None) if m is not None else None
 
 
 GREEDY_CHECK_TOKENS = 16

@@ -50,6 +50,13 @@ class Rewrite:
     def is_linear(self, node: onnx.NodeProto) -> bool:
         return node.op_type == "MatMul" and node.input[1] in self.weights and len(self.weights.shape(node.input[1])) == 2
 
+    def head_linear(self) -> str | None:
+        """A task head's graph (export/head_graph.py): the name of the linear MatMul that reads the extract
+        state (the GatherND that picks each row's last attended position), i.e. the head's `score` /
+        `multiple_choice_head`; None in a language model's graph, which has no GatherND."""
+        extract = {n.output[0] for n in self.model.graph.node if n.op_type == "GatherND"}
+        return next((n.name for n in self.model.graph.node if self.is_linear(n) and n.input[0] in extract), None)
+
     def bias_adds(self) -> dict[str, tuple[onnx.NodeProto, str]]:
         """Linear MatMul output -> (the Add that is its only consumer, the 1-D (N,) initializer it adds)."""
         users: dict[str, list[onnx.NodeProto]] = {}

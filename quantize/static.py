@@ -117,8 +117,11 @@ def calibration_windows(ids: list[int], sequences: int, length: int) -> list[lis
 
 def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, work_dir: Path,
                         per_channel: bool = True, quantize_attention: bool = False,
-                        base_dir: Path | None = None) -> onnx.ModelProto:
+                        base_dir: Path | None = None, quantize_head: bool = True) -> onnx.ModelProto:
+    """quantize_head False: a task head's linear (its score on the extract state) is left out of the QDQ pass
+    and stays a float MatMul (its input's range is still calibrated: nothing reads it)."""
     r = Rewrite(model, base_dir)
+    float_head = None if quantize_head else r.head_linear()
     if r.tied_embedding()[2] is None:  # a task head's graph: no LM head to share the embedding with
         r.new_nodes.extend(model.graph.node)  # as it is, its weights inline for the calibrator
         untied, wt = r.finish("gptedge task head for QDQ"), None
@@ -131,7 +134,8 @@ def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, w
     root.setLevel(logging.ERROR)  # the quantizer logs advice meant for image models on the root logger
     onnxruntime.set_default_logger_severity(3)  # and its calibration sessions warn about logits_to_keep
     try:
-        quantized = _quantize_file(untied, reader, work_dir, per_channel, quantize_attention)
+        quantized = _quantize_file(untied, reader, work_dir, per_channel, quantize_attention,
+                                   [float_head] if float_head else [])
     finally:
         root.setLevel(level)
     return quantized if wt is None else point_gather_at_quantized(quantized, wt)
@@ -151,7 +155,7 @@ def _temporary_files_in(work_dir: Path) -> Iterator[None]:
 
 
 def _quantize_file(untied: onnx.ModelProto, reader, work_dir: Path, per_channel: bool,
-                   quantize_attention: bool) -> onnx.ModelProto:
+                   quantize_attention: bool, exclude: list[str]) -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
@@ -166,7 +170,7 @@ def _quantize_file(untied: onnx.ModelProto, reader, work_dir: Path, per_channel:
     with _temporary_files_in(work_dir):
         quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=per_channel,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                        calibrate_method=CalibrationMethod.MinMax,
+                        calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=exclude,
                         extra_options={"MatMulConstBOnly": not quantize_attention},
                         calibration_providers=["CPUExecutionProvider"],
                         use_external_data_format=external_data_path(src) is not None)
@@ -191,7 +195,7 @@ def apply(job: QuantizeJob) -> Quantized:
     feeds = HeadFeeds(job.manifest.task) if job.manifest.task else variant_class(job.manifest.graph)
     reader = TextCalibrationReader(windows, feeds, shape, job.progress)
     model = quantize_static_qdq(job.model, reader, job.work_dir, recipe.per_channel, recipe.quantize_attention,
-                                base_dir=job.model_dir)
+                                base_dir=job.model_dir, quantize_head=recipe.quantize_head)
     nodes = {n.name: n.op_type for n in model.graph.node if n.op_type == "QuantizeLinear"}
     return Quantized(model, nodes, dataclasses.replace(recipe, calibration_sequences=len(windows)))
 

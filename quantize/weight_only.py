@@ -1,8 +1,8 @@
 """Weight-only 8-bit: MatMulNBits with one scale per block of weights along K; activations stay float
 (or are quantized per block inside the kernel, accuracy_level 4).
 
-Every linear MatMul and the tied LM head become MatMulNBits; the embedding gathers rows of the
-same blocks and dequantizes them with plain ops.
+Every linear MatMul and the tied LM head become MatMulNBits (a task head's linear only with
+recipe.quantize_head); the embedding gathers rows of the same blocks and dequantizes them with plain ops.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _embedding(r: Rewrite, node: onnx.NodeProto, weight: list[str], bits: int, n
 
 def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_level: int = 0, bits: int = 8,
                         symmetric: bool = True, embedding_bits: int | None = None, base_dir: Path | None = None,
-                        ) -> tuple[onnx.ModelProto, dict[str, str]]:
+                        quantize_head: bool = True) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Linear MatMuls and the LM head -> MatMulNBits (`bits`-bit blocks along K, activations stay float).
 
     The tied embedding is stored once in MatMulNBits' layout, at `embedding_bits` (default: `bits`):
@@ -97,6 +97,7 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
     """
     embedding_bits = embedding_bits or bits
     r = Rewrite(model, base_dir)
+    float_head = None if quantize_head else r.head_linear()  # a task head's score, kept a float MatMul
     wte, gather, gemm = r.tied_embedding()
     vocab, width = r.weights.shape(wte)
     for node in model.graph.node:  # every K must hold whole blocks (n_embd; the MLP width for c_proj)
@@ -114,7 +115,7 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
             r.node("MatMulNBits", [node.input[0], *tied], list(node.output), node.name, domain=MS_DOMAIN,
                    K=width, N=vocab, bits=embedding_bits, block_size=block_size, accuracy_level=accuracy_level)
             r.quantized[node.name] = f"MatMulNBits (LM head, tied {embedding_bits}-bit weight)"
-        elif r.is_linear(node):
+        elif r.is_linear(node) and node.name != float_head:
             w = r.weights[node.input[1]]  # (K, N)
             r.node("MatMulNBits", [node.input[0], *_blocked_weight(r, node.input[1], w.T, bits, block_size, symmetric)],
                    list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=bits,
@@ -137,7 +138,8 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
-                                       rc.embedding_bits, base_dir=job.model_dir)  # every initializer inline
+                                       rc.embedding_bits, base_dir=job.model_dir,
+                                       quantize_head=rc.quantize_head)  # every initializer inline
     if rc.float16:
         model = to_float16(model)  # MatMulNBits' scales and activations become fp16 with the rest
     return Quantized(model, nodes, rc)

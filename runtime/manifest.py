@@ -158,7 +158,8 @@ class Quantization(QuantizeRecipe):
 
     # Recipe fields added after format_version 1 was first written, with what quantize did before them.
     # (bits, symmetric and embedding_bits need none: the recipe fills them from the method, as it did.)
-    ABSENT_IN_OLDER: ClassVar[dict[str, Any]] = {"activation_scale": "per-tensor", "reduce_range": False}
+    ABSENT_IN_OLDER: ClassVar[dict[str, Any]] = {"activation_scale": "per-tensor", "reduce_range": False,
+                                                 "quantize_head": True}
 
     @property
     def recipe(self) -> QuantizeRecipe:

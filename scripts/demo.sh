@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job on the shipped sample model: export -> quantize (every INT8 method) -> generate -> compare.
+# The main job on the shipped sample model: export -> quantize (every INT8 method) -> generate -> compare;
+# then the sample classifier: export --task classification -> quantize -> classify.
 # Usage: bash scripts/demo.sh [OUT_DIR]   (default out/demo; it is replaced on each run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +23,19 @@ $G generate "$OUT/int8-weight-only" -p "$PROMPT" -n 80 --top-k 40 --temperature 
 step "compare every variant on held-out text (samples/eval/persuasion_ch1-7.txt)"
 $G compare "$OUT/fp32" "$OUT/int8-dynamic" "$OUT/int8-static" "$OUT/int8-weight-only" \
   --text samples/eval/persuasion_ch1-7.txt --markdown "$OUT/compare.md" --plot "$OUT/compare.png"
+
+# The sample classifier (samples/sample-classifier: which Austen novel a 40-word passage comes from; 79.6 % held out).
+step "export samples/sample-classifier -> $OUT/cls-fp32 (--task classification, validated against the reference)"
+$G export samples/sample-classifier -o "$OUT/cls-fp32" --task classification --force
+step "quantize the classifier: weight-only INT8 and dynamic INT8 (the head's linear stays fp32)"
+$G quantize "$OUT/cls-fp32" -o "$OUT/cls-weight-only" --method weight-only --force
+$G quantize "$OUT/cls-fp32" -o "$OUT/cls-dynamic" --method dynamic --force
+# two held-out passages (lines 224 and 313 of samples/eval/austen-novel.jsonl: northanger-abbey, pride-and-prejudice)
+sed -n '224p;313p' samples/eval/austen-novel.jsonl > "$OUT/cls-passages.jsonl"
+for variant in cls-fp32 cls-weight-only cls-dynamic; do
+  step "classify two held-out passages with $variant (label, probability, the others)"
+  $G classify "$OUT/$variant" --jsonl "$OUT/cls-passages.jsonl" --device cpu
+done
+# TODO(compare --labelled): once `gptedge compare --labelled` is merged, compare the three classifier dirs' accuracy
+# on samples/eval/austen-novel.jsonl here (benchmarks/classifier_accuracy.py does it meanwhile).
 step "done: $OUT/compare.md and $OUT/compare.png"

@@ -177,7 +177,7 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
                                   "--per-tensor", "--block-size", "64", "--accuracy-level", "0",
                                   "--quantize-attention", "--calibration", str(tmp_path / "cal.txt"),
                                   "--calibration-sequences", "3", "--calibration-length", "16", "--force",
-                                  "--activation-scale", "per-tensor", "--full-range"])
+                                  "--activation-scale", "per-tensor", "--full-range", "--quantize-head"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q2"), "--method", "dynamic"])
     assert result.exit_code == 0, result.output
@@ -194,12 +194,12 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
     recipe = first[0][2]
     assert recipe == q.QuantizeRecipe(method="static", per_channel=False, block_size=64, accuracy_level=0,
                                       quantize_attention=True, calibration_sequences=3, calibration_length=16,
-                                      activation_scale="per-tensor", reduce_range=False)
+                                      activation_scale="per-tensor", reduce_range=False, quantize_head=True)
     assert first[1]["force"] is True and first[1]["calibration_text"] == "calibration text"
     recipe = second[0][2]
     assert recipe == q.QuantizeRecipe(method="dynamic", per_channel=True, block_size=32, accuracy_level=4,
                                       quantize_attention=False, calibration_sequences=32, calibration_length=128,
-                                      activation_scale="per-row", reduce_range=True)
+                                      activation_scale="per-row", reduce_range=True, quantize_head=False)
     assert second[1]["force"] is False and second[1]["calibration_text"] is None
 
 

@@ -1,5 +1,5 @@
-"""Classifier dirs quantized with every method: they load, keep their task, quantize the head and the embedding,
-and agree with fp32 on real text (entailment pairs and multiple-choice examples cut from the eval excerpt).
+"""Classifier dirs quantized with every method: they load, keep their task, quantize the embedding (the head's
+linear only when asked: it stays fp32 by default), and agree with fp32 on real text (entailment pairs and multiple-choice examples cut from the eval excerpt).
 
 Measured on these tiny seeded models (2026-11-25, onnxruntime 1.32, AVX2; 40 examples each), label agreement /
 mean KL(fp32 || quantized) over the labels:
@@ -12,6 +12,7 @@ flips a label more often than on a trained classifier; the bounds sit about 3x a
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -71,9 +72,9 @@ def test_every_method_keeps_the_task_and_agrees_with_fp32(task_dirs, quantized, 
     if recipe in QUANTIZED_OP:
         graph = onnx.load(str(quantized[name, recipe] / "model.onnx"))
         assert QUANTIZED_OP[recipe] in {n.op_type for n in graph.graph.node}
-        if recipe != "static":  # the head's linear and the token embedding are quantized with the blocks
-            head = next(n for n in graph.graph.node if n.name == "head.MatMul")
-            assert head.op_type == QUANTIZED_OP[recipe]
+        assert float_head(graph)  # by default the head's linear stays fp32 (quantize_head=False)
+        assert "head's linear" in q.manifest.quantization.kept_float
+        if recipe != "static":  # the token embedding is quantized with the blocks
             assert "wte.weight" not in {t.name for t in graph.graph.initializer}  # stored quantized only
         assert sum(nodes.values()) >= 8  # 2 layers x 4 linears at least
     examples = EXAMPLES[name](sentences())
@@ -83,6 +84,34 @@ def test_every_method_keeps_the_task_and_agrees_with_fp32(task_dirs, quantized, 
     kl = float((p * np.log(p / r)).sum(-1).mean())
     low, high = BOUNDS[recipe]
     assert agreement >= low and kl <= high, (agreement, kl)
+
+
+def float_head(graph: onnx.ModelProto) -> bool:
+    """The head's linear is a float MatMul on its fp32 (C, L) initializer (no QDQ, no integer kernel)."""
+    head = next(n for n in graph.graph.node if n.name == "head.MatMul")
+    inits = {t.name: t for t in graph.graph.initializer}
+    return (head.op_type == "MatMul" and head.input[1] in inits
+            and inits[head.input[1]].data_type == onnx.TensorProto.FLOAT)
+
+
+@pytest.mark.parametrize("recipe", list(QUANTIZED_OP))
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_quantize_head_quantizes_the_heads_linear_with_the_blocks(task_dirs, quantized, tmp_path, name, recipe):
+    out = tmp_path / "q"
+    given = dataclasses.replace(RECIPES[recipe], quantize_head=True)
+    quantize_model_dir(task_dirs[name], out, given, calibration_text=EXCERPT.read_text(encoding="utf-8"))
+    graph = onnx.load(str(out / "model.onnx"))
+    head = next(n for n in graph.graph.node if n.name == "head.MatMul")
+    if recipe == "static":  # QDQ: the MatMul stays, its weight comes through a DequantizeLinear
+        producers = {o: n.op_type for n in graph.graph.node for o in n.output}
+        assert producers.get(head.input[1]) == "DequantizeLinear"
+    else:
+        assert head.op_type == QUANTIZED_OP[recipe]
+    assert not float_head(graph)
+    q = load_classifier(out, device="cpu").manifest.quantization
+    default = load_classifier(quantized[name, recipe], device="cpu").manifest.quantization
+    assert q.quantize_head and not default.quantize_head and "head" not in q.kept_float
+    assert sum(q.quantized_nodes.values()) > sum(default.quantized_nodes.values())
 
 
 @pytest.mark.parametrize("name", list(EXAMPLES))
@@ -101,3 +130,13 @@ def test_the_recorded_vs_fp32_figures_are_recomputed_from_the_graphs(task_dirs, 
         assert vs.max_abs_logit_diff == pytest.approx(float(np.abs(a - b).max()), rel=1e-5)
         assert vs.top1_agreement == float((a.argmax(-1) == b.argmax(-1)).mean())
         assert vs.greedy_agreement is None and vs.max_abs_logit_diff > 0
+
+
+def test_a_manifest_written_before_quantize_head_reads_as_head_quantized(task_dirs, quantized):
+    """Before the field existed quantize quantized the head with the blocks: an older manifest says so."""
+    from gptedge.runtime.manifest import Quantization, typed
+
+    recorded = dataclasses.asdict(load_classifier(quantized["gpt2-seq", "dynamic"], device="cpu")
+                                  .manifest.quantization)
+    assert recorded.pop("quantize_head") is False
+    assert typed(Quantization, recorded, "manifest.quantization").quantize_head is True
