@@ -46,7 +46,8 @@ def markdown_report(rows, labelled_name: str, repeats: int) -> str:
     ref = Path(rows[0].model).name
     lines = [f"Compared on {labelled_name} ({rows[0].examples:,} labelled examples, task {rows[0].task}); "
              f"reference: {ref} (agreement and KL are against it)", "",
-             "| model | method | size MB | accuracy | agree with ref | KL(ref‖model) | ex/s batch 1 | ex/s batch 32 |",
+             "| model | method | size MB | accuracy | agree with ref | KL(ref‖model) | ex/s batch 1 "
+             "| ex/s batch 32 |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {Path(r.model).name} | {r.method} | {r.size_bytes / 1e6:.2f} | {100 * r.accuracy:.2f} % | "
