@@ -182,6 +182,7 @@ def other_labels(src, dst):
     ("lm-option", 2, "--new-tokens applies to language-model dirs only"),
     ("labelled-on-a-language-model", 2, "--labelled takes classifier dirs (gptedge export --task)"),
     ("repeats-on-a-language-model", 2, "--repeats applies to classifier dirs (--labelled) only"),
+    ("missing-dir", 1, "nowhere: no such model directory"),
     ("markdown-onto-the-set", 2, "is the input"),
     ("markdown-into-a-dir", 2, "lies inside the input"),
 ])
@@ -209,6 +210,7 @@ def test_bad_invocations_are_one_line_and_write_nothing(runner, dirs, gpt2_model
             "lm-option": [seq, "--labelled", labelled, "--new-tokens", "4"],
             "labelled-on-a-language-model": [lm, "--labelled", labelled],
             "repeats-on-a-language-model": [lm, "--text", text, "--repeats", "2"],
+            "missing-dir": [tmp_path / "nowhere", "--labelled", labelled],
             "markdown-onto-the-set": [seq, "--labelled", labelled, "--markdown", labelled],
             "markdown-into-a-dir": [seq, "--labelled", labelled, "--markdown", seq / "table.md"],
             }.get(case, [seq, "--labelled", labelled])

@@ -13,6 +13,7 @@ from gptedge import runtime
 from gptedge.atomic import atomic_output_file, check_output_file
 from gptedge.peers import compare_names
 from gptedge.peers import score as peer_score
+from gptedge.runtime.errors import ModelDirError
 from gptedge.runtime.plot import plot_compare
 
 from .compare_labelled import any_classifier, check_options, compare_labelled
@@ -71,6 +72,9 @@ def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: st
         compare_labelled((ref, *models), labelled_file, repeats, device, threads, as_json, markdown, labelled_inputs)
         return
     if labelled_file:
+        for d in (ref, *models):  # a mistyped dir says so, not that it is no classifier
+            if not Path(d).is_dir():
+                raise ModelDirError(f"{d}: no such model directory")
         raise click.UsageError(f"--labelled takes classifier dirs (gptedge export --task); {ref} is not one: "
                                "compare language models on --text FILE")
     if not text_file:
