@@ -152,6 +152,25 @@ def test_accuracy_follows_the_gold_labels(dirs):
         assert sum(row.confusion[i][i] for i in range(3)) == 18 - wrong
 
 
+def test_repeats_sets_the_timed_passes(runner, dirs, tmp_path, monkeypatch):
+    """Per dir: one pass for the figures, then per batch size (1 and 32) one warm-up run and --repeats passes."""
+    from gptedge.runtime.classify import Classifier
+
+    calls = []
+    real = Classifier.classify_rows
+    monkeypatch.setattr(Classifier, "classify_rows", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+    path = write_jsonl(tmp_path / "set.jsonl", pairs(4))
+    for repeats in (2, 4):
+        calls.clear()
+        result = runner.invoke(main, ["compare", str(dirs["gpt2-seq"]), "--labelled", path, "--device", "cpu",
+                                      "--repeats", str(repeats)])
+        assert result.exit_code == 0, result.output
+        assert len(calls) == 1 + 2 * (1 + repeats)
+        # batch 1 and 32 (entailment: one row an example): the warm-up runs take the first batch only
+        assert [(len(c[0]), c[1]) for c in calls[1:3]] == [(1, 1), (4, 1)]
+        assert [(len(c[0]), c[1]) for c in calls[-repeats - 1:-repeats + 1 or None]] == [(4, 32), (4, 32)]
+
+
 def test_repeats_must_be_at_least_one(dirs):
     clf = load_classifier(dirs["gpt2-seq"], device="cpu")
     labelled = read_labelled(clf.task, json.dumps(pairs(1)[0]))

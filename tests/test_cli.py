@@ -316,14 +316,16 @@ def test_verbose_logs_progress(gpt2_model_dir, tmp_path):
 def test_every_option_is_tested():
     """Each command's options appear in these tests (--markdown / --plot: the real compare run in test_eval_compare; --precision: test_fp16;
     serve: the real server in test_serve and test_serve_hostile; pack: test_pack_web / test_pack_mobile; serve --web:
-    test_serve_playground; verify: test_model_integrity)."""
+    test_serve_playground; verify: test_model_integrity; classify: test_classify_cli; compare --labelled:
+    test_classify_compare)."""
     from pathlib import Path
 
     here = Path(__file__).parent
     source = "".join((here / name).read_text() for name in ("test_cli.py", "test_eval_compare.py", "test_serve.py",
                                                                      "test_fp16.py", "test_pack_web.py",
                                                                      "test_pack_mobile.py", "test_serve_playground.py",
-                                                                     "test_serve_hostile.py", "test_model_integrity.py"))
+                                                                     "test_serve_hostile.py", "test_model_integrity.py",
+                                                                     "test_classify_cli.py", "test_classify_compare.py"))
     for name, command in main.commands.items():
         for param in command.params:
             if isinstance(param, __import__("click").Option):
