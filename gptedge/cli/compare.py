@@ -1,4 +1,5 @@
-"""`gptedge compare`: model dirs (and peer engines) against a reference on one text, one table."""
+"""`gptedge compare`: model dirs (and peer engines) against a reference on one text, one table; or classifier dirs
+on a labelled JSONL set (--labelled: compare_labelled.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from gptedge import runtime
 from gptedge.atomic import atomic_output_file, check_output_file
 from gptedge.peers import compare_names
 from gptedge.peers import score as peer_score
+from gptedge.runtime.errors import ModelDirError
 from gptedge.runtime.plot import plot_compare
 
+from .compare_labelled import any_classifier, check_options, compare_labelled
 from .group import command
 from .options import (CommaChoice, count, device_option, diag, import_extra, peer_source, progress, read_text,
                       threads_option)
@@ -22,8 +25,14 @@ from .options import (CommaChoice, count, device_option, diag, import_extra, pee
 @command()
 @click.argument("ref", type=click.Path(path_type=str))
 @click.argument("models", nargs=-1, type=click.Path(path_type=str))
-@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, path_type=str),
-              help="UTF-8 text file.")
+@click.option("--text", "text_file", type=click.Path(dir_okay=False, path_type=str),
+              help="UTF-8 text file (language-model dirs).")
+@click.option("--labelled", "labelled_file", type=click.Path(dir_okay=False, path_type=str),
+              help="Classifier dirs (export --task): a JSONL file, one example a line with the task's fields as "
+                   "classify --jsonl reads them plus \"label\": the gold label (multiple choice: the gold choice's "
+                   "index). Reports accuracy, agreement and KL against REF, confusion, examples/s at batch 1 and 32.")
+@click.option("--repeats", default=3, show_default=True, type=count(1),
+              help="--labelled: timed passes per batch size (the median is reported).")
 @click.option("--prompts", default=8, show_default=True, type=count(1), help="Greedy agreement: number of prompts.")
 @click.option("--new-tokens", default=32, show_default=True, type=count(1), help="Greedy agreement: tokens per prompt.")
 @click.option("--max-tokens", default=None, type=count(2), help="Use only the first N (>= 2) tokens of the text.")
@@ -40,13 +49,38 @@ from .options import (CommaChoice, count, device_option, diag, import_extra, pee
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=str), help="Also write the table here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=str),
               help="Also draw size vs Δppl, size vs speed and the KL vs tok/s frontier (PNG).")
-def compare(ref: str, models: tuple[str, ...], text_file: str, prompts: int, new_tokens: int, max_tokens: int | None,
+@click.pass_context
+def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: str | None,
+            labelled_file: str | None, repeats: int, prompts: int, new_tokens: int, max_tokens: int | None,
             peers: list[str], source: str | None, device: str, threads: int, as_json: bool, markdown: str | None,
             plot: str | None) -> None:
-    """Compare MODELS (and peer engines) against REF on one text: size, perplexity, agreement, KL, speed."""
+    """Compare MODELS (and peer engines) against REF on one text: size, perplexity, agreement, KL, speed.
+
+    Classifier dirs (export --task, and quantize of one) are compared on --labelled FILE.jsonl instead: accuracy,
+    agreement and KL with REF over the labels, per-label confusion, size, examples/s at batch 1 and 32."""
     from gptedge.runtime.compare import check_comparable, markdown_table  # deferred: numpy, not needed at --help
     from gptedge.runtime.compare import compare as run_compare
 
+    if any_classifier((ref, *models)):
+        check_options(ctx, text_file)
+        if not labelled_file:
+            raise click.UsageError("classifier dirs are compared on --labelled FILE.jsonl (one labelled example "
+                                   "a line)")
+        labelled_inputs = (ref, *models, labelled_file)
+        if markdown:
+            check_output_file(markdown, labelled_inputs)
+        compare_labelled((ref, *models), labelled_file, repeats, device, threads, as_json, markdown, labelled_inputs)
+        return
+    if labelled_file:
+        for d in (ref, *models):  # a mistyped dir says so, not that it is no classifier
+            if not Path(d).is_dir():
+                raise ModelDirError(f"{d}: no such model directory")
+        raise click.UsageError(f"--labelled takes classifier dirs (gptedge export --task); {ref} is not one: "
+                               "compare language models on --text FILE")
+    if not text_file:
+        raise click.UsageError("Missing option '--text'.")
+    if ctx.get_parameter_source("repeats") != click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--repeats applies to classifier dirs (--labelled) only")
     checkpoint = peer_source(ref, source) if peers else None
     inputs = (ref, *models, text_file, checkpoint)  # no output may replace or land inside one
     for path in (markdown, plot):
