@@ -36,6 +36,7 @@ for variant in cls-fp32 cls-weight-only cls-dynamic; do
   step "classify two held-out passages with $variant (label, probability, the others)"
   $G classify "$OUT/$variant" --jsonl "$OUT/cls-passages.jsonl" --device cpu
 done
-# TODO(compare --labelled): once `gptedge compare --labelled` is merged, compare the three classifier dirs' accuracy
-# on samples/eval/austen-novel.jsonl here (benchmarks/classifier_accuracy.py does it meanwhile).
-step "done: $OUT/compare.md and $OUT/compare.png"
+step "compare the classifiers on the 500 held-out passages (samples/eval/austen-novel.jsonl): accuracy, agreement and KL with fp32, confusion, examples/s"
+$G compare "$OUT/cls-fp32" "$OUT/cls-weight-only" "$OUT/cls-dynamic" --labelled samples/eval/austen-novel.jsonl \
+  --repeats 1 --markdown "$OUT/compare-classifier.md"
+step "done: $OUT/compare.md, $OUT/compare.png and $OUT/compare-classifier.md"
