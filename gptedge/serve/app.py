@@ -35,7 +35,9 @@ from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation import check_prompts
 from gptedge.runtime.model import LoadedModel
 
-from .limits import DROP_REASONS, ClientGone, Limits, check_prompt_bytes, longest_token_bytes, parse_json, read_body
+from .classify_schema import CLASSIFICATION, generation_card
+from .limits import (CLOSE, DROP_REASONS, ClientGone, Limits, check_prompt_bytes, longest_token_bytes, parse_json,
+                     read_body)
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
 
@@ -46,8 +48,8 @@ RETRY_AFTER_S = 1  # what a 429 asks a client to wait: about the time a batch ro
 
 @dataclass
 class ServeState:
-    engine: Engine
-    model: LoadedModel  # its tokenizer and manifest only (the engine thread runs it)
+    engine: Engine | None  # a language model's; None for a classifier dir (its batcher runs it)
+    model: LoadedModel | None  # its tokenizer and manifest only (the engine thread runs it)
     name: str  # the model id clients send and /v1/models lists
     max_tokens_limit: int
     api_key: str | None = None
@@ -56,6 +58,13 @@ class ServeState:
     http_counts: Counter = field(default_factory=Counter)  # (path, status) -> requests answered
     limits: Limits = Limits()
     dropped: Counter = field(default_factory=Counter)  # reason (limits.DROP_REASONS) -> requests not read to the end
+    classifier: object = None  # a classifier dir's runtime.classify.Classifier (then engine and model are None)
+    batcher: object = None  # its classify_batcher.ClassifyBatcher
+    max_examples: int = 256  # examples one /v1/classify request may hold (413 beyond)
+
+    def stop(self, grace_s: float) -> None:
+        """What SIGTERM starts: in-flight work gets grace_s to finish, then is cancelled."""
+        (self.engine if self.engine is not None else self.batcher).stop(grace_s)
 
 
 def _dumps(obj) -> str:
@@ -168,18 +177,28 @@ class EventStream:
             self.job.cancel()
 
 
-class Api:
-    """The routes: parse and check a request, hand it to the engine, shape the answer (never the session)."""
+class Routes:
+    """What every served model answers: the API key, the model name, /v1/models, /health, /metrics."""
 
     def __init__(self, state: ServeState):
-        self.state, self.model, self.engine = state, state.model, state.engine
-        self.context = state.model.manifest.shape.context_length
-        tokenizer = state.model.tokenizer
-        # no text longer than this fits the context: each token covers at most the longest token's bytes
-        self.max_prompt_bytes = self.context * longest_token_bytes(tokenizer, state.model.manifest.shape.vocab_size)
-        # a token's own text, for logprobs: cached, the same ids recur
-        self.token_text = functools.lru_cache(maxsize=65536)(
-            lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
+        self.state = state
+
+    def card(self) -> dict:
+        """/v1/models' entry: OpenAI's fields and what the model does (classify_schema: task, endpoint, ...)."""
+        raise NotImplementedError
+
+    def metric_lines(self) -> list[str]:
+        """The model's own counters for /metrics (the engine's, or the classify batcher's)."""
+        raise NotImplementedError
+
+    def wrong_task(self, request: Request) -> ApiError:
+        """The 400 of the other kind's endpoint: it names this model's task and the endpoint to use."""
+        card = self.card()
+        what = (f"a {card['task_name']} classifier" if card["task"] == CLASSIFICATION
+                else "a language model (text-generation)")
+        return ApiError(400, f"{request.url.path} does not serve this model: '{self.state.name}' is {what}; "
+                             f"send its requests to POST {card['endpoint']} (see GET /v1/models)",
+                        param="model", code="unsupported_task", headers=CLOSE)
 
     def authorize(self, request: Request) -> None:
         if self.state.api_key is None:
@@ -193,6 +212,52 @@ class Api:
         if name != self.state.name:
             raise ApiError(404, f"the model '{name}' does not exist; this server serves '{self.state.name}'",
                            param="model", code="model_not_found")
+
+    async def models(self, request: Request) -> Response:
+        self.authorize(request)
+        return JSONResponse({"object": "list", "data": [self.card()]})
+
+    async def one_model(self, request: Request) -> Response:
+        self.authorize(request)
+        self.check_model(request.path_params["model"])
+        return JSONResponse(self.card())
+
+    async def health(self, request: Request) -> Response:
+        if self.state.stopping:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": self.state.name})
+
+    async def metrics(self, request: Request) -> Response:
+        lines = ["# HELP gptedge_http_requests_total HTTP requests answered, by path and status.",
+                 "# TYPE gptedge_http_requests_total counter"]
+        lines += [f'gptedge_http_requests_total{{path="{p}",status="{s}"}} {n}'
+                  for (p, s), n in sorted(self.state.http_counts.items())]
+        lines += ["# HELP gptedge_http_dropped_total Requests not read to their end: the client left, was too slow, "
+                  "sent too much, or the server was stopping.", "# TYPE gptedge_http_dropped_total counter"]
+        lines += [f'gptedge_http_dropped_total{{reason="{r}"}} {self.state.dropped[r]}' for r in DROP_REASONS]
+        return PlainTextResponse("\n".join(lines + self.metric_lines()) + "\n",
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def refuse(self, request: Request) -> Response:
+        """The other kind's endpoint (/v1/classify on a language model, /v1/completions on a classifier)."""
+        self.authorize(request)
+        raise self.wrong_task(request)
+
+
+class Api(Routes):
+    """A language model's routes: parse and check a request, hand it to the engine, shape the answer (never the
+    session)."""
+
+    def __init__(self, state: ServeState):
+        super().__init__(state)
+        self.model, self.engine = state.model, state.engine
+        self.context = state.model.manifest.shape.context_length
+        tokenizer = state.model.tokenizer
+        # no text longer than this fits the context: each token covers at most the longest token's bytes
+        self.max_prompt_bytes = self.context * longest_token_bytes(tokenizer, state.model.manifest.shape.vocab_size)
+        # a token's own text, for logprobs: cached, the same ids recur
+        self.token_text = functools.lru_cache(maxsize=65536)(
+            lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
 
     def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
         ids = [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
@@ -268,30 +333,12 @@ class Api:
             yield _dumps(out.usage_chunk(sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
         yield "[DONE]"
 
-    async def models(self, request: Request) -> Response:
-        self.authorize(request)
-        return JSONResponse({"object": "list", "data": [model_card(self.state.name, self.state.created)]})
+    def card(self) -> dict:
+        return {**model_card(self.state.name, self.state.created), **generation_card(self.context)}
 
-    async def one_model(self, request: Request) -> Response:
-        self.authorize(request)
-        self.check_model(request.path_params["model"])
-        return JSONResponse(model_card(self.state.name, self.state.created))
+    def metric_lines(self) -> list[str]:
+        return self.engine.metrics.render()
 
-    async def health(self, request: Request) -> Response:
-        if self.state.stopping:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": self.state.name})
-
-    async def metrics(self, request: Request) -> Response:
-        lines = ["# HELP gptedge_http_requests_total HTTP requests answered, by path and status.",
-                 "# TYPE gptedge_http_requests_total counter"]
-        lines += [f'gptedge_http_requests_total{{path="{p}",status="{s}"}} {n}'
-                  for (p, s), n in sorted(self.state.http_counts.items())]
-        lines += ["# HELP gptedge_http_dropped_total Requests not read to their end: the client left, was too slow, "
-                  "sent too much, or the server was stopping.", "# TYPE gptedge_http_dropped_total counter"]
-        lines += [f'gptedge_http_dropped_total{{reason="{r}"}} {self.state.dropped[r]}' for r in DROP_REASONS]
-        return PlainTextResponse("\n".join(lines + self.engine.metrics.render()) + "\n",
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
 
 async def api_error(request: Request, exc: ApiError) -> Response:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -311,9 +358,18 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starlette:
     """The API's routes, then `extra_routes` (the playground page: serve/playground.py)."""
-    api = Api(state)
+    if state.classifier is not None:
+        from .classify_app import ClassifyApi  # a classifier dir: /v1/classify, and /v1/completions refused
+
+        api = ClassifyApi(state)
+        posts = [Route("/v1/completions", api.refuse, methods=["POST"]),
+                 Route("/v1/classify", api.classify, methods=["POST"])]
+    else:
+        api = Api(state)
+        posts = [Route("/v1/completions", api.completions, methods=["POST"]),
+                 Route("/v1/classify", api.refuse, methods=["POST"])]
     app = Starlette(
-        routes=[Route("/v1/completions", api.completions, methods=["POST"]), Route("/v1/models", api.models),
+        routes=[*posts, Route("/v1/models", api.models),
                 Route("/v1/models/{model:path}", api.one_model), Route("/health", api.health),
                 Route("/metrics", api.metrics), *extra_routes],
         exception_handlers={ApiError: api_error, HTTPException: http_error, ClientGone: client_gone,
@@ -325,7 +381,7 @@ def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starl
 class CountRequests:
     """ASGI middleware counting answered requests by (path, status) for /metrics."""
 
-    PATHS = ("/v1/completions", "/v1/models", "/health", "/metrics")
+    PATHS = ("/v1/completions", "/v1/classify", "/v1/models", "/health", "/metrics")
 
     def __init__(self, app, counts: Counter):
         self.app, self.counts = app, counts
