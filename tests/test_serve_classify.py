@@ -83,7 +83,7 @@ def test_results_equal_classify_batch_for_every_task(task_dirs, tmp_path_factory
     clf = load_classifier(task_dirs[name], device="cpu")
     examples = EXAMPLES[name]
     keyed = name != "gpt2-mc"
-    s = _server(task_dirs[name], tmp_path_factory, "--model-name", NAME)
+    s = _server(task_dirs[name], tmp_path_factory)
     try:
         r = post(s, {"model": NAME, "input": examples}, key=None)
         assert r.status_code == 200, r.text
@@ -107,14 +107,14 @@ def test_results_equal_classify_batch_for_every_task(task_dirs, tmp_path_factory
 
 
 def test_concurrent_requests_share_one_run(task_dirs, tmp_path_factory):
-    """8 single-example requests sent together, with --batch-wait as a bound (a run waits up to 30 s for its 8
+    """8 single-example requests sent together, with --batch-wait as a bound (a run waits up to 60 s for its 8
     rows): they run as one batch of 8 rows, each gets its own result."""
     from gptedge.runtime import load_classifier
 
     n = 8
     examples = [[f"Example {i} is here.", "words " * i] for i in range(n)]
     want = load_classifier(task_dirs["gpt2-seq"], device="cpu").classify_batch(examples)
-    s = _server(task_dirs["gpt2-seq"], tmp_path_factory, "--max-rows", str(n), "--batch-wait", "30")
+    s = _server(task_dirs["gpt2-seq"], tmp_path_factory, "--max-rows", str(n), "--batch-wait", "60")
     try:
         async def all_of_them():
             async with httpx.AsyncClient(base_url=s.url, timeout=120) as http:
@@ -168,7 +168,7 @@ def test_error_paths(server, task_dirs):
 
 
 def test_models_health_and_metrics(server, task_dirs):
-    name = task_dirs["gpt2-seq"].resolve().name
+    name = NAME  # start_server's --model-name
     models = httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()
     card = models["data"][0]
     assert card == {"id": name, "object": "model", "created": card["created"], "owned_by": "gptedge",
@@ -191,7 +191,7 @@ def test_models_health_and_metrics(server, task_dirs):
 
 
 def test_a_language_model_says_so_and_refuses_classify(gpt2_model_dir, tmp_path_factory):
-    s = _server(gpt2_model_dir, tmp_path_factory, "--model-name", NAME, "--web", "off")
+    s = _server(gpt2_model_dir, tmp_path_factory, "--web", "off")
     try:
         card = httpx.get(f"{s.url}/v1/models").json()["data"][0]
         assert card["task"] == "text-generation" and card["endpoint"] == "/v1/completions" and card["id"] == NAME

@@ -194,7 +194,8 @@ class Routes:
     def wrong_task(self, request: Request) -> ApiError:
         """The 400 of the other kind's endpoint: it names this model's task and the endpoint to use."""
         card = self.card()
-        what = (f"a {card['task_name']} classifier" if card["task"] == CLASSIFICATION
+        name = card.get("task_name", "")
+        what = (f"{'an' if name[:1] in tuple('aeiou') else 'a'} {name} classifier" if card["task"] == CLASSIFICATION
                 else "a language model (text-generation)")
         return ApiError(400, f"{request.url.path} does not serve this model: '{self.state.name}' is {what}; "
                              f"send its requests to POST {card['endpoint']} (see GET /v1/models)",

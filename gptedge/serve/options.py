@@ -23,7 +23,7 @@ MIN_BODY = 1024  # bytes: room for any sane completion request
 MAX_BODY = 2**30
 MAX_ROWS = 1024  # a classifier's rows per ONNX Runtime run
 MAX_EXAMPLES = 100_000  # examples one /v1/classify request may hold
-MAX_BATCH_WAIT_S = 10.0
+MAX_BATCH_WAIT_S = 60.0
 
 
 class Seconds(click.ParamType):
