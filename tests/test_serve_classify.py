@@ -7,8 +7,9 @@ classifier whose run blocks until released."""
 from __future__ import annotations
 
 import asyncio
-import re
+import signal
 import threading
+import time
 
 import pytest
 
@@ -205,6 +206,29 @@ def test_a_language_model_says_so_and_refuses_classify(gpt2_model_dir, tmp_path_
         stop_server(s.proc)
 
 
+def test_sigterm_runs_the_waiting_request_and_exits_zero(task_dirs, tmp_path_factory):
+    """A request waiting for its batch (--batch-wait 60: it would wait a minute) when SIGTERM comes runs at
+    once and gets its answer; the server then exits 0."""
+    s = _server(task_dirs["gpt2-seq"], tmp_path_factory, "--max-rows", "8", "--batch-wait", "60",
+                "--shutdown-timeout", "30")
+    try:
+        answer = {}
+        thread = threading.Thread(target=lambda: answer.setdefault("r", post(s, {"input": ["A", "B"]}, key=None)))
+        thread.start()
+        deadline = time.monotonic() + 60
+        while s.metrics()["gptedge_classify_requests_total"] < 1:  # it waits in the batcher
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        s.proc.send_signal(signal.SIGTERM)
+        thread.join(30)  # without SIGTERM it would still wait for its batch (60 s)
+        assert "r" in answer and answer["r"].status_code == 200 and answer["r"].json()["data"][0]["label"] in LABELS
+        assert s.proc.wait(60) == 0
+        log = s.log.read_text()
+        assert "server stopped" in log and "Traceback" not in log
+    finally:
+        stop_server(s.proc)
+
+
 # -- the batching worker, in-process -------------------------------------------------------------------------
 class BlockingClassifier:
     """classify_rows records each batch's rows and blocks until `release` is set; one label per row count."""
@@ -220,9 +244,9 @@ class BlockingClassifier:
 
 
 def _job(results: dict, *ids: int, rows_each: int = 1) -> ClassifyJob:
-    key = ids[0]
-    return ClassifyJob([[[i]] * rows_each for i in ids], None,
-                       lambda res, err: results.__setitem__(key, err if err is not None else [r.logits[0] for r in res]))
+    def done(res, err) -> None:
+        results[ids[0]] = err if err is not None else [r.logits[0] for r in res]
+    return ClassifyJob([[[i]] * rows_each for i in ids], None, done)
 
 
 def test_the_worker_gathers_requests_that_arrive_during_a_run():

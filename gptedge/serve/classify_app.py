@@ -129,7 +129,7 @@ class ClassifyApi(Routes):
             raise ApiError(503, "the server shut down before this request ran", "server_error",
                            code="shutting_down") from None
         except Exception as e:  # the run failed: one line, the server keeps serving
-            raise ApiError(500, f"classification failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}",
-                           "server_error") from None
+            why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise ApiError(500, f"classification failed: {why}", "server_error") from None
         finally:
             gone.cancel()

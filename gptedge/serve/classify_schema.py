@@ -78,7 +78,8 @@ def describe_example(task: Task) -> str:
     if len(fields) == 1:
         return f'{task.name}: an example is a string or {{"{fields[0]}": ...}}'
     if task.transformation.combine == COMBINE_CHOICES:
-        return f'{task.name}: an example is ["{fields[0]}", ["choice", ...]] or {{"{fields[0]}": ..., "{fields[1]}": [...]}}'
+        return (f'{task.name}: an example is ["{fields[0]}", ["choice", ...]] or '
+                f'{{"{fields[0]}": ..., "{fields[1]}": [...]}}')
     return (f'{task.name}: an example is ["{fields[0]}", "{fields[1]}"] or '
             f'{{"{fields[0]}": ..., "{fields[1]}": ...}}')
 
