@@ -29,6 +29,7 @@ from gptedge import runtime
 from gptedge.runtime.manifest import MANIFEST_NAME
 from gptedge.sample import sample_model_dir
 
+from gptedge.serve.classify_batcher import ClassifyBatcher  # threading only: light at --help
 from gptedge.serve.options import MAX_BATCH, MAX_QUEUE, Seconds, classify_options, limit_options
 from gptedge.serve.options import api_key as api_key_check
 from gptedge.serve.options import model_name as model_name_check
@@ -116,8 +117,6 @@ def _serve_classifier(uvicorn, app, model: str, name: str, host: str, port: int,
                       threads: int, device: str, shutdown_timeout: float, limits, max_rows: int, max_examples: int,
                       batch_wait: float) -> None:
     """A classifier dir: load it, start the batching worker, serve /v1/classify until a signal stops it."""
-    from gptedge.serve.classify_batcher import ClassifyBatcher  # deferred: as the engine
-
     clf = runtime.load_classifier(model, device=device, session=runtime.SessionConfig(threads=threads))
     sock = _listen(host, port)
     batcher = ClassifyBatcher(clf, max_rows=max_rows, max_queue=max_queue, wait_s=batch_wait).start()

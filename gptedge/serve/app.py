@@ -14,66 +14,38 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gptedge.runtime.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
                                     TokenEvent)
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation import check_prompts
-from gptedge.runtime.model import LoadedModel
 
-from .classify_schema import CLASSIFICATION, generation_card
-from .limits import (CLOSE, DROP_REASONS, ClientGone, Limits, check_prompt_bytes, longest_token_bytes, parse_json,
-                     read_body)
+from .classify_app import ClassifyApi
+from .classify_schema import generation_card
+from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
+from .routes import RETRY_AFTER_S, Routes, ServeState, _wait_disconnect
+
+__all__ = ["RETRY_AFTER_S", "ServeState", "create_app"]  # the first two live in routes.py; callers import them here
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_S = 1  # what a 429 asks a client to wait: about the time a batch row takes to come free
-
-
-@dataclass
-class ServeState:
-    engine: Engine | None  # a language model's; None for a classifier dir (its batcher runs it)
-    model: LoadedModel | None  # its tokenizer and manifest only (the engine thread runs it)
-    name: str  # the model id clients send and /v1/models lists
-    max_tokens_limit: int
-    api_key: str | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
-    stopping: bool = False  # set on SIGTERM: /health turns 503 and new completions are refused
-    http_counts: Counter = field(default_factory=Counter)  # (path, status) -> requests answered
-    limits: Limits = Limits()
-    dropped: Counter = field(default_factory=Counter)  # reason (limits.DROP_REASONS) -> requests not read to the end
-    classifier: object = None  # a classifier dir's runtime.classify.Classifier (then engine and model are None)
-    batcher: object = None  # its classify_batcher.ClassifyBatcher
-    max_examples: int = 256  # examples one /v1/classify request may hold (413 beyond)
-
-    def stop(self, grace_s: float) -> None:
-        """What SIGTERM starts: in-flight work gets grace_s to finish, then is cancelled."""
-        (self.engine if self.engine is not None else self.batcher).stop(grace_s)
 
 
 def _dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-async def _wait_disconnect(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class Job:
@@ -175,74 +147,6 @@ class EventStream:
         finally:
             gone.cancel()
             self.job.cancel()
-
-
-class Routes:
-    """What every served model answers: the API key, the model name, /v1/models, /health, /metrics."""
-
-    def __init__(self, state: ServeState):
-        self.state = state
-
-    def card(self) -> dict:
-        """/v1/models' entry: OpenAI's fields and what the model does (classify_schema: task, endpoint, ...)."""
-        raise NotImplementedError
-
-    def metric_lines(self) -> list[str]:
-        """The model's own counters for /metrics (the engine's, or the classify batcher's)."""
-        raise NotImplementedError
-
-    def wrong_task(self, request: Request) -> ApiError:
-        """The 400 of the other kind's endpoint: it names this model's task and the endpoint to use."""
-        card = self.card()
-        name = card.get("task_name", "")
-        what = (f"{'an' if name[:1] in tuple('aeiou') else 'a'} {name} classifier" if card["task"] == CLASSIFICATION
-                else "a language model (text-generation)")
-        return ApiError(400, f"{request.url.path} does not serve this model: '{self.state.name}' is {what}; "
-                             f"send its requests to POST {card['endpoint']} (see GET /v1/models)",
-                        param="model", code="unsupported_task", headers=CLOSE)
-
-    def authorize(self, request: Request) -> None:
-        if self.state.api_key is None:
-            return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.state.api_key.encode()):
-            raise ApiError(401, "missing or incorrect API key: send 'Authorization: Bearer KEY'",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-    def check_model(self, name: str) -> None:
-        if name != self.state.name:
-            raise ApiError(404, f"the model '{name}' does not exist; this server serves '{self.state.name}'",
-                           param="model", code="model_not_found")
-
-    async def models(self, request: Request) -> Response:
-        self.authorize(request)
-        return JSONResponse({"object": "list", "data": [self.card()]})
-
-    async def one_model(self, request: Request) -> Response:
-        self.authorize(request)
-        self.check_model(request.path_params["model"])
-        return JSONResponse(self.card())
-
-    async def health(self, request: Request) -> Response:
-        if self.state.stopping:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": self.state.name})
-
-    async def metrics(self, request: Request) -> Response:
-        lines = ["# HELP gptedge_http_requests_total HTTP requests answered, by path and status.",
-                 "# TYPE gptedge_http_requests_total counter"]
-        lines += [f'gptedge_http_requests_total{{path="{p}",status="{s}"}} {n}'
-                  for (p, s), n in sorted(self.state.http_counts.items())]
-        lines += ["# HELP gptedge_http_dropped_total Requests not read to their end: the client left, was too slow, "
-                  "sent too much, or the server was stopping.", "# TYPE gptedge_http_dropped_total counter"]
-        lines += [f'gptedge_http_dropped_total{{reason="{r}"}} {self.state.dropped[r]}' for r in DROP_REASONS]
-        return PlainTextResponse("\n".join(lines + self.metric_lines()) + "\n",
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    async def refuse(self, request: Request) -> Response:
-        """The other kind's endpoint (/v1/classify on a language model, /v1/completions on a classifier)."""
-        self.authorize(request)
-        raise self.wrong_task(request)
 
 
 class Api(Routes):
@@ -360,9 +264,7 @@ async def server_error(request: Request, exc: Exception) -> Response:
 def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starlette:
     """The API's routes, then `extra_routes` (the playground page: serve/playground.py)."""
     if state.classifier is not None:
-        from .classify_app import ClassifyApi  # a classifier dir: /v1/classify, and /v1/completions refused
-
-        api = ClassifyApi(state)
+        api = ClassifyApi(state)  # a classifier dir: /v1/classify, and /v1/completions refused
         posts = [Route("/v1/completions", api.refuse, methods=["POST"]),
                  Route("/v1/classify", api.classify, methods=["POST"])]
     else:

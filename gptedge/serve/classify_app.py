@@ -21,11 +21,11 @@ from starlette.responses import JSONResponse, Response
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.tasks import COMBINE_CHOICES, example_fields
 
-from .app import RETRY_AFTER_S, Routes, ServeState, _wait_disconnect
 from .classify_batcher import BatcherQueueFull, BatcherStopped, ClassifyJob
 from .classify_schema import classification, describe_example, parse_classify_request, task_card, text_fields
 from .limits import ClientGone, longest_token_bytes, parse_json, read_body
 from .openai_schema import ApiError, model_card
+from .routes import RETRY_AFTER_S, Routes, ServeState, _wait_disconnect
 
 
 def _shutting_down() -> ApiError:
