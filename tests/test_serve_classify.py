@@ -294,3 +294,22 @@ def test_a_job_larger_than_max_rows_runs_alone_and_the_queue_is_bounded():
     assert results[10] == [10.0]
     with pytest.raises(BatcherStopped):
         batcher.submit(_job(results, 14))
+
+
+def test_a_failing_run_or_callback_ends_only_its_own_requests():
+    class Failing(BlockingClassifier):
+        def classify_rows(self, example_rows, batch_size, choices=None):
+            if example_rows[0][0][0] == 1:
+                raise RuntimeError("the run broke")
+            return super().classify_rows(example_rows, batch_size, choices)
+
+    clf, results = Failing(), {}
+    clf.release.set()
+    batcher = ClassifyBatcher(clf, max_rows=1, max_queue=8).start()
+    try:
+        batcher.submit(_job(results, 1))
+        batcher.submit(ClassifyJob([[[2]]], None, lambda res, err: 1 / 0))  # its callback raises
+        batcher.submit(_job(results, 3))
+    finally:
+        batcher.stop(grace_s=60)
+    assert isinstance(results[1], RuntimeError) and results[3] == [3.0]  # the worker lived on

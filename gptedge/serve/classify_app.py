@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.tasks import COMBINE_CHOICES, example_fields
+from gptedge.runtime.tasks import CHOICES, COMBINE_CHOICES, example_fields
 
 from .classify_batcher import BatcherQueueFull, BatcherStopped, ClassifyJob
 from .classify_schema import classification, describe_example, parse_classify_request, task_card, text_fields
@@ -69,7 +69,7 @@ class ClassifyApi(Routes):
             except InvalidArgumentError as e:
                 raise ApiError(400, f"input[{i}]: {e} ({describe_example(self.task)})", param="input") from None
             if choices is not None:
-                choices.append(list(fields["choices"]))
+                choices.append(list(fields[CHOICES]))
         return all_rows, choices
 
     async def classify(self, request: Request) -> Response:

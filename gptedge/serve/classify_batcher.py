@@ -48,6 +48,14 @@ class ClassifyJob:
         self.cancelled = True
 
 
+def _finish(job: ClassifyJob, results, error) -> None:
+    """Hand a job its answer; a callback that raises is logged and ends only its own job, never the worker."""
+    try:
+        job.done(results, error)
+    except Exception:
+        log.exception("a classify job's callback failed")
+
+
 class BatcherMetrics:
     """Written by the worker and the routes, read by /metrics (ints: a lock only for a consistent render)."""
 
@@ -148,14 +156,14 @@ class ClassifyBatcher:
         except Exception as e:  # one line to each waiting request; the server keeps serving
             log.exception("classification failed for a batch of %d requests", len(batch))
             for job in batch:
-                job.done(None, e)
+                _finish(job, None, e)
             return
         with self.metrics.lock:
             self.metrics.batches += 1
             self.metrics.rows += sum(job.n_rows for job in batch)
         at = 0
         for job in batch:
-            job.done(results[at:at + len(job.rows)], None)
+            _finish(job, results[at:at + len(job.rows)], None)
             at += len(job.rows)
 
     def stop(self, grace_s: float = 0.0) -> None:
@@ -169,6 +177,6 @@ class ClassifyBatcher:
                 self._cond.wait(left)
             left_over, self._queue = list(self._queue), deque()
         for job in left_over:
-            job.done(None, BatcherStopped("the server shut down before this request ran"))
+            _finish(job, None, BatcherStopped("the server shut down before this request ran"))
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
