@@ -262,6 +262,10 @@ BAD_OPTIONS = [
     (["--max-tokens-limit", "0"], "'--max-tokens-limit': 0 is not in the range x>=1"),
     (["--max-tokens-limit", "500"], "'--max-tokens-limit': 500 is not in the range 1<=x<=128 (the model's context)"),
     (["--model-name", ""], "'--model-name': must be 1..256 printable characters"),
+    (["--max-rows", "0"], "'--max-rows': 0 is not in the range 1<=x<=1024"),
+    (["--max-examples", "0"], "'--max-examples': 0 is not in the range 1<=x<=100000"),
+    (["--batch-wait", "61"], "'--batch-wait': 61 is not in the range 0<=x<=60 (seconds)"),
+    (["--batch-wait", "nan"], "'--batch-wait': nan is not in the range 0<=x<=60"),
 ]
 
 

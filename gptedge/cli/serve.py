@@ -7,6 +7,10 @@ completions finish for up to --shutdown-timeout seconds, cancels what is left, a
 time: requests still sending their bodies get a 503 at once, connections still sending headers are closed.
 What one client may cost (body size, header and body read timeouts) is gptedge.serve.limits'; every bad
 option exits 2 with its range (gptedge.serve.options).
+
+A classifier dir (its manifest names a task: gptedge export --task) is served by POST /v1/classify instead
+(gptedge.serve.classify_app): a batching worker (classify_batcher.py) gathers concurrent requests' examples
+into ONNX Runtime runs of at most --max-rows rows; there is no playground page.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from pathlib import Path
 import click
 
 from gptedge import runtime
+from gptedge.runtime.manifest import MANIFEST_NAME
 from gptedge.sample import sample_model_dir
 
-from gptedge.serve.options import MAX_BATCH, MAX_QUEUE, Seconds, limit_options
+from gptedge.serve.classify_batcher import ClassifyBatcher  # threading only: light at --help
+from gptedge.serve.options import MAX_BATCH, MAX_QUEUE, Seconds, classify_options, limit_options
 from gptedge.serve.options import api_key as api_key_check
 from gptedge.serve.options import model_name as model_name_check
 
@@ -72,15 +78,17 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--shutdown-timeout", default=10.0, show_default=True, type=Seconds(0),
               help="Seconds in-flight requests may finish after SIGTERM before they are cancelled.")
 @limit_options
+@classify_options
 @click.option("--web", default="auto", show_default=True,
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
 def serve(model: str | None, host: str, port: int, max_batch: int, max_queue: int, max_tokens_limit: int | None,
           api_key: str | None, model_name: str | None, threads: int, device: str, shutdown_timeout: float,
-          web: str, max_body: int, header_timeout: float, body_timeout: float) -> None:
+          web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int, max_examples: int,
+          batch_wait: float) -> None:
     """Serve MODEL (default: the shipped sample model) over OpenAI's completions API: /v1/completions
     (streaming too), /v1/models, /health and /metrics; and the playground page at / (on the server, or in the
-    browser with onnxruntime-web)."""
+    browser with onnxruntime-web). A classifier dir (export --task) is served by POST /v1/classify instead."""
     uvicorn = import_extra("uvicorn", "serve")
     app = import_extra("gptedge.serve.app", "serve")  # starlette
     page = import_extra("gptedge.serve.playground", "serve")
@@ -90,6 +98,9 @@ def serve(model: str | None, host: str, port: int, max_batch: int, max_queue: in
         model, name = str(sample_model_dir()), model_name or "gptedge-sample"
     else:
         name = model_name or Path(model).resolve().name
+    if (Path(model) / MANIFEST_NAME).is_file() and runtime.read_manifest(model).task is not None:
+        return _serve_classifier(uvicorn, app, model, name, host, port, max_queue, api_key, threads, device,
+                                 shutdown_timeout, limits, max_rows, max_examples, batch_wait)
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads))
     loaded.tokenizer  # fail on a missing tokenizer before serving
     context = loaded.manifest.shape.context_length
@@ -102,6 +113,45 @@ def serve(model: str | None, host: str, port: int, max_batch: int, max_queue: in
              shutdown_timeout, routes, unavailable, limits)
 
 
+def _serve_classifier(uvicorn, app, model: str, name: str, host: str, port: int, max_queue: int, api_key: str | None,
+                      threads: int, device: str, shutdown_timeout: float, limits, max_rows: int, max_examples: int,
+                      batch_wait: float) -> None:
+    """A classifier dir: load it, start the batching worker, serve /v1/classify until a signal stops it."""
+    clf = runtime.load_classifier(model, device=device, session=runtime.SessionConfig(threads=threads))
+    sock = _listen(host, port)
+    batcher = ClassifyBatcher(clf, max_rows=max_rows, max_queue=max_queue, wait_s=batch_wait).start()
+    state = app.ServeState(None, None, name, 0, api_key or None, limits=limits, classifier=clf, batcher=batcher,
+                           max_examples=max_examples)
+    diag(f"loaded {model} ({clf.manifest.precision}, {clf.task.name} classifier) in {clf.load_s:.2f}s on "
+         f"{', '.join(clf.providers)}")
+    _serve(uvicorn, app, state, sock, host, api_key, shutdown_timeout, limits, (),
+           f"POST /v1/classify, {max_rows} rows a run, queue {max_queue}")
+
+
+def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_timeout: float, limits, routes,
+           what: str) -> None:
+    """Serve `state` on the bound `sock` until a signal stops it; then stop its engine or batcher."""
+    # The whole shutdown fits in --shutdown-timeout: bodies still arriving get a 503 at once (limits.read_body),
+    # and in-flight work is cancelled by the engine (or batcher) at the deadline, so uvicorn's own wait never runs
+    # out.
+    protocol = import_extra("gptedge.serve.protocol", "serve").timed_protocol(limits.header_timeout, state.dropped)
+    config = uvicorn.Config(app.create_app(state, tuple(routes)), log_level="warning", lifespan="off",
+                            http=protocol, timeout_graceful_shutdown=shutdown_timeout)
+    server = _server(uvicorn, config, state, shutdown_timeout)
+    bound = sock.getsockname()
+    if not _is_loopback(host) and not api_key:
+        diag(f"warning: serving on {host} with no --api-key: anyone who can reach it may use it")
+    diag(f"serving '{state.name}' on http://{bound[0]}:{bound[1]} ({what}; pid {os.getpid()})")
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its shutdown: let it land here
+        signal.signal(sig, server.handle_exit)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        state.stop(0)  # already stopped after a signal; this joins the engine (batcher) thread otherwise
+        sock.close()
+    diag("server stopped")
+
+
 def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, max_queue: int,
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
          limits) -> None:
@@ -111,27 +161,11 @@ def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_
     sock = _listen(host, port)
     engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue).start()
     state = app.ServeState(engine, loaded, name, max_tokens, api_key or None, limits=limits)
-    # The whole shutdown fits in --shutdown-timeout: bodies still arriving get a 503 at once (limits.read_body),
-    # and in-flight completions are cancelled by the engine at the deadline, so uvicorn's own wait never runs out.
-    protocol = import_extra("gptedge.serve.protocol", "serve").timed_protocol(limits.header_timeout, state.dropped)
-    config = uvicorn.Config(app.create_app(state, tuple(routes)), log_level="warning", lifespan="off",
-                            http=protocol, timeout_graceful_shutdown=shutdown_timeout)
-    server = _server(uvicorn, config, state, shutdown_timeout)
-    bound = sock.getsockname()
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
-    if not _is_loopback(host) and not api_key:
-        diag(f"warning: serving on {host} with no --api-key: anyone who can reach it may use it")
-    diag(f"serving '{name}' on http://{bound[0]}:{bound[1]} (max batch {max_batch}, queue {max_queue}; "
-         f"pid {os.getpid()})")
+    bound = sock.getsockname()
     diag(f"playground: http://{bound[0]}:{bound[1]}/ (in this browser: {unavailable or 'yes'})")
-    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its shutdown: let it land here
-        signal.signal(sig, server.handle_exit)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        engine.stop(grace_s=0)  # already stopped after a signal; this joins the engine thread otherwise
-        sock.close()
-    diag("server stopped")
+    _serve(uvicorn, app, state, sock, host, api_key, shutdown_timeout, limits, routes,
+           f"max batch {max_batch}, queue {max_queue}")
 
 
 def _server(uvicorn, config, state, grace_s: float):
@@ -144,7 +178,7 @@ def _server(uvicorn, config, state, grace_s: float):
                 state.stopping = True
                 sys.stderr.write(f"signal {signal.Signals(sig).name}: finishing in-flight requests "
                                  f"(up to {grace_s:g}s), then exiting\n")
-                threading.Thread(target=state.engine.stop, args=(grace_s,), name="gptedge-stop", daemon=True).start()
+                threading.Thread(target=state.stop, args=(grace_s,), name="gptedge-stop", daemon=True).start()
             super().handle_exit(sig, frame)
 
     return Server(config)

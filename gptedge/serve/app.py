@@ -14,57 +14,38 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gptedge.runtime.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
                                     TokenEvent)
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation import check_prompts
-from gptedge.runtime.model import LoadedModel
 
-from .limits import DROP_REASONS, ClientGone, Limits, check_prompt_bytes, longest_token_bytes, parse_json, read_body
+from .classify_app import ClassifyApi
+from .classify_schema import generation_card
+from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
+from .routes import RETRY_AFTER_S, Routes, ServeState, _wait_disconnect
+
+__all__ = ["RETRY_AFTER_S", "ServeState", "create_app"]  # the first two live in routes.py; callers import them here
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_S = 1  # what a 429 asks a client to wait: about the time a batch row takes to come free
-
-
-@dataclass
-class ServeState:
-    engine: Engine
-    model: LoadedModel  # its tokenizer and manifest only (the engine thread runs it)
-    name: str  # the model id clients send and /v1/models lists
-    max_tokens_limit: int
-    api_key: str | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
-    stopping: bool = False  # set on SIGTERM: /health turns 503 and new completions are refused
-    http_counts: Counter = field(default_factory=Counter)  # (path, status) -> requests answered
-    limits: Limits = Limits()
-    dropped: Counter = field(default_factory=Counter)  # reason (limits.DROP_REASONS) -> requests not read to the end
 
 
 def _dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-async def _wait_disconnect(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class Job:
@@ -168,11 +149,13 @@ class EventStream:
             self.job.cancel()
 
 
-class Api:
-    """The routes: parse and check a request, hand it to the engine, shape the answer (never the session)."""
+class Api(Routes):
+    """A language model's routes: parse and check a request, hand it to the engine, shape the answer (never the
+    session)."""
 
     def __init__(self, state: ServeState):
-        self.state, self.model, self.engine = state, state.model, state.engine
+        super().__init__(state)
+        self.model, self.engine = state.model, state.engine
         self.context = state.model.manifest.shape.context_length
         tokenizer = state.model.tokenizer
         # no text longer than this fits the context: each token covers at most the longest token's bytes
@@ -180,19 +163,6 @@ class Api:
         # a token's own text, for logprobs: cached, the same ids recur
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
-
-    def authorize(self, request: Request) -> None:
-        if self.state.api_key is None:
-            return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.state.api_key.encode()):
-            raise ApiError(401, "missing or incorrect API key: send 'Authorization: Bearer KEY'",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-    def check_model(self, name: str) -> None:
-        if name != self.state.name:
-            raise ApiError(404, f"the model '{name}' does not exist; this server serves '{self.state.name}'",
-                           param="model", code="model_not_found")
 
     def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
         ids = [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
@@ -268,30 +238,12 @@ class Api:
             yield _dumps(out.usage_chunk(sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
         yield "[DONE]"
 
-    async def models(self, request: Request) -> Response:
-        self.authorize(request)
-        return JSONResponse({"object": "list", "data": [model_card(self.state.name, self.state.created)]})
+    def card(self) -> dict:
+        return {**model_card(self.state.name, self.state.created), **generation_card(self.context)}
 
-    async def one_model(self, request: Request) -> Response:
-        self.authorize(request)
-        self.check_model(request.path_params["model"])
-        return JSONResponse(model_card(self.state.name, self.state.created))
+    def metric_lines(self) -> list[str]:
+        return self.engine.metrics.render()
 
-    async def health(self, request: Request) -> Response:
-        if self.state.stopping:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": self.state.name})
-
-    async def metrics(self, request: Request) -> Response:
-        lines = ["# HELP gptedge_http_requests_total HTTP requests answered, by path and status.",
-                 "# TYPE gptedge_http_requests_total counter"]
-        lines += [f'gptedge_http_requests_total{{path="{p}",status="{s}"}} {n}'
-                  for (p, s), n in sorted(self.state.http_counts.items())]
-        lines += ["# HELP gptedge_http_dropped_total Requests not read to their end: the client left, was too slow, "
-                  "sent too much, or the server was stopping.", "# TYPE gptedge_http_dropped_total counter"]
-        lines += [f'gptedge_http_dropped_total{{reason="{r}"}} {self.state.dropped[r]}' for r in DROP_REASONS]
-        return PlainTextResponse("\n".join(lines + self.engine.metrics.render()) + "\n",
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
 
 async def api_error(request: Request, exc: ApiError) -> Response:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -311,9 +263,16 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starlette:
     """The API's routes, then `extra_routes` (the playground page: serve/playground.py)."""
-    api = Api(state)
+    if state.classifier is not None:
+        api = ClassifyApi(state)  # a classifier dir: /v1/classify, and /v1/completions refused
+        posts = [Route("/v1/completions", api.refuse, methods=["POST"]),
+                 Route("/v1/classify", api.classify, methods=["POST"])]
+    else:
+        api = Api(state)
+        posts = [Route("/v1/completions", api.completions, methods=["POST"]),
+                 Route("/v1/classify", api.refuse, methods=["POST"])]
     app = Starlette(
-        routes=[Route("/v1/completions", api.completions, methods=["POST"]), Route("/v1/models", api.models),
+        routes=[*posts, Route("/v1/models", api.models),
                 Route("/v1/models/{model:path}", api.one_model), Route("/health", api.health),
                 Route("/metrics", api.metrics), *extra_routes],
         exception_handlers={ApiError: api_error, HTTPException: http_error, ClientGone: client_gone,
@@ -325,7 +284,7 @@ def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starl
 class CountRequests:
     """ASGI middleware counting answered requests by (path, status) for /metrics."""
 
-    PATHS = ("/v1/completions", "/v1/models", "/health", "/metrics")
+    PATHS = ("/v1/completions", "/v1/classify", "/v1/models", "/health", "/metrics")
 
     def __init__(self, app, counts: Counter):
         self.app, self.counts = app, counts

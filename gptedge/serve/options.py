@@ -21,6 +21,9 @@ MAX_QUEUE = 100_000
 MAX_SECONDS = 3600.0
 MIN_BODY = 1024  # bytes: room for any sane completion request
 MAX_BODY = 2**30
+MAX_ROWS = 1024  # a classifier's rows per ONNX Runtime run
+MAX_EXAMPLES = 100_000  # examples one /v1/classify request may hold
+MAX_BATCH_WAIT_S = 60.0
 
 
 class Seconds(click.ParamType):
@@ -76,6 +79,22 @@ def limit_options(fn):
                      help="Seconds a client has to send a request's headers; slower connections are closed."),
         click.option("--body-timeout", default=DEFAULT_BODY_TIMEOUT_S, show_default=True, type=Seconds(0.1),
                      help="Seconds a client has to send a request's body after its headers (408 beyond)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def classify_options(fn):
+    """A classifier dir's batching (gptedge.serve.classify_batcher) and per-request limit; unused for a language
+    model."""
+    for opt in reversed([
+        click.option("--max-rows", default=32, show_default=True, type=click.IntRange(1, MAX_ROWS),
+                     help="Classifier dirs: token rows per ONNX Runtime run; concurrent requests share a run."),
+        click.option("--max-examples", default=256, show_default=True, type=click.IntRange(1, MAX_EXAMPLES),
+                     help="Classifier dirs: examples one /v1/classify request may hold (413 beyond)."),
+        click.option("--batch-wait", default=0.0, show_default=True, type=Seconds(0, MAX_BATCH_WAIT_S),
+                     help="Classifier dirs: seconds a run may wait for more requests to fill --max-rows "
+                          "(0: it takes those that arrived during the previous run)."),
     ]):
         fn = opt(fn)
     return fn
