@@ -100,6 +100,14 @@ def _check_head(reference: TaskModel, name: str) -> None:
 
 def _task(reference: TaskModel, config: dict, name: str, tokens: SpecialTokens) -> Task:
     labels = {}
+    problem = config.get("problem_type")
+    if reference.kind.name != HEAD_CHOICE and (problem in ("regression", "multi_label_classification")
+                                               or reference.num_outputs == 1):
+        # gptedge reads a sequence head's logits as one softmax over the labels; a regression score (num_labels 1,
+        # transformers' default problem_type for it) or independent sigmoids would be reported as wrong labels
+        what = problem or "regression (num_labels 1)"
+        raise CheckpointError(f"this checkpoint's head is {what}; gptedge exports single-label classification "
+                              "heads (a softmax over 2 or more labels)")
     if reference.kind.name != HEAD_CHOICE:
         given = config.get("id2label") if isinstance(config.get("id2label"), dict) else {}
         labels = {str(i): str(given.get(str(i), f"LABEL_{i}")) for i in range(reference.num_outputs)}

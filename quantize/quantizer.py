@@ -41,11 +41,23 @@ FUSED_ATTENTION_OPS = ("MultiHeadAttention", "GroupQueryAttention")  # attention
 WORK_DIR = ".work"  # scratch inside the partial output dir, removed before it becomes the output
 
 
-def describe(m: Method, done: Quantized, task_head: bool = False) -> Quantization:
-    """What the manifest says about how the weights and activations are stored."""
+def _float_embedding(graph, vocab: int, width: int) -> bool:
+    """Whether the graph still holds a float (V, C) token table (a task head's graph after a pass that
+    quantizes MatMuls only: with no LM head there is no int8 weight for the embedding to share)."""
+    return any(i.data_type in (1, 10) and list(i.dims) == [vocab, width] for i in graph.graph.initializer)
+
+
+def describe(m: Method, done: Quantized, task_head: bool = False, embedding_float: bool = False) -> Quantization:
+    """What the manifest says about how the weights and activations are stored; a task head's graph has no LM
+    head, so its embedding is described as what the pass left of it."""
     storage = m.storage(done.recipe)
-    if task_head and not done.recipe.quantize_head:
-        storage = dataclasses.replace(storage, kept_float=f"{storage.kept_float}, the task head's linear")
+    if task_head:
+        embedding = ("token embedding kept as float (no LM head to share a quantized weight with)" if embedding_float
+                     else storage.embedding_and_lm_head.replace("tied weight", "token embedding").split("; LM head")[0]
+                     + " (no LM head in a classifier graph)")
+        kept = storage.kept_float + (", the token embedding" if embedding_float else "")
+        kept += "" if done.recipe.quantize_head else ", the task head's linear"
+        storage = dataclasses.replace(storage, embedding_and_lm_head=embedding, kept_float=kept)
     return Quantization(**asdict(done.recipe), **asdict(storage),
                         attention_products="int8" if done.recipe.quantize_attention else "float",
                         quantized_nodes=dict(Counter(done.nodes.values())))
@@ -144,7 +156,10 @@ def _rewrite_and_save(m: Method | None, job: QuantizeJob, path: Path, cache: kv.
         kv.rewrite_kv_cache(graph, cache, job.manifest.shape.head_dim, scales)
     shutil.rmtree(job.work_dir)
     save_onnx(graph, path)
-    return describe(m, model, job.manifest.task is not None) if m is not None else None
+    task_head = job.manifest.task is not None
+    embedding_float = task_head and _float_embedding(graph, job.manifest.shape.vocab_size,
+                                                   job.manifest.shape.n_embd)
+    return describe(m, model, task_head, embedding_float) if m is not None else None
 
 
 GREEDY_CHECK_TOKENS = 16

@@ -27,7 +27,8 @@ from .errors import InvalidArgumentError, ModelDirError
 from .integrity import check_claims, load_dir_tokenizer, model_path, raise_first, start_file_checks
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .session import SessionConfig, make_session
-from .tasks import (CHOICES, COMBINE_CHOICES, COMBINE_SUM, SPECIAL_ROLES, Task, example_fields, rows)
+from .tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,
+                    example_fields, rows)
 from .tokenizer import encode
 
 DEFAULT_BATCH = 32  # rows per run (batch 1 and 32 are what compare measures)
@@ -41,6 +42,7 @@ class Classification:
     labels: tuple[str, ...]
     logits: tuple[float, ...]
     probabilities: tuple[float, ...]
+    choices: bool = False  # multiple choice: labels are the answers given (they may repeat)
 
     @property
     def index(self) -> int:
@@ -52,8 +54,8 @@ class Classification:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "index": self.index,
-                "probabilities": dict(zip(self.labels, self.probabilities)) if len(set(self.labels)) == len(
-                    self.labels) else list(self.probabilities),
+                "probabilities": list(self.probabilities) if self.choices else dict(zip(self.labels,
+                                                                                         self.probabilities)),
                 "labels": list(self.labels), "logits": list(self.logits)}
 
 
@@ -118,8 +120,9 @@ class Classifier:
         return self.classify_batch([example])[0]
 
     def classify_batch(self, examples: Sequence, batch_size: int = DEFAULT_BATCH) -> list[Classification]:
-        """Examples -> one Classification each; batch_size: rows per run (similarity: 2 rows an example;
-        multiple choice: examples with the same number of choices run together, batch_size examples a run)."""
+        """Examples -> one Classification each; batch_size: token rows per run (similarity: 2 rows an example;
+        multiple choice: examples with the same number of choices N run together, batch_size // N a run, at
+        least one)."""
         if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
             raise TypeError(f"classify_batch() takes a list of examples, got {type(examples).__name__}")
         if isinstance(batch_size, bool) or not (isinstance(batch_size, int) and batch_size >= 1):
@@ -137,7 +140,8 @@ class Classifier:
         for i, lg in enumerate(logits):
             labels = tuple(choices[i]) if choices is not None else (
                 tuple(self.task.labels()) if not self.choice else tuple(f"choice {k}" for k in range(len(lg))))
-            out.append(Classification(labels, tuple(float(x) for x in lg), tuple(float(p) for p in softmax(lg))))
+            out.append(Classification(labels, tuple(float(x) for x in lg), tuple(float(p) for p in softmax(lg)),
+                                      self.choice))
         return out
 
     def _row_logits(self, example_rows: Sequence[list[list[int]]], batch_size: int) -> list[np.ndarray]:
@@ -160,8 +164,9 @@ class Classifier:
         for i, ex in enumerate(example_rows):
             by_n.setdefault(len(ex), []).append(i)
         for n, members in by_n.items():
-            for j in range(0, len(members), batch_size):
-                part = members[j:j + batch_size]
+            per_run = max(1, batch_size // n)  # batch_size counts token rows: one example is n rows
+            for j in range(0, len(members), per_run):
+                part = members[j:j + per_run]
                 ids, mask = pad_rows([r for i in part for r in example_rows[i]], self.task.pad_id)
                 lg = self.logits(ids.reshape(len(part), n, -1), mask.reshape(len(part), n, -1))  # (b, N)
                 for i, row in zip(part, lg):
@@ -185,7 +190,7 @@ class HeadFeeds:
         return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
-def _check_head_graph(session, manifest: Manifest, graph: Path) -> None:
+def check_head_graph(session, manifest: Manifest, graph: Path) -> None:
     """I/O names as the manifest says, special ids inside the vocabulary, and a probe run of the task's shape."""
     task = manifest.task
     for kind, declared, actual in (("input", manifest.inputs, [i.name for i in session.get_inputs()]),
@@ -193,6 +198,18 @@ def _check_head_graph(session, manifest: Manifest, graph: Path) -> None:
         if sorted(declared) != sorted(actual):
             raise ModelDirError(f"{graph}: graph does not match {MANIFEST_NAME}: its {kind}s are {actual}, "
                                 f"the manifest says {list(declared)}")
+    tr = task.transformation
+    if tr.combine not in (COMBINE_ONE, COMBINE_SUM, COMBINE_CHOICES):
+        raise ModelDirError(f"{graph.parent}: {MANIFEST_NAME}'s task combines rows as {tr.combine!r}, not one of "
+                            f"{COMBINE_ONE}, {COMBINE_SUM}, {COMBINE_CHOICES}")
+    unknown = [p for seq in tr.sequences for p in seq if p not in (*SPECIAL_ROLES, *tr.fields, CHOICE)]
+    if unknown:
+        raise ModelDirError(f"{graph.parent}: {MANIFEST_NAME}'s task template names {unknown[0]!r}, neither a field "
+                            f"({', '.join(tr.fields)}) nor a special token")
+    missing = [r for r in tr.special_roles() if getattr(task.special_tokens, r) is None]
+    if missing:
+        raise ModelDirError(f"{graph.parent}: {MANIFEST_NAME}'s task uses the {missing[0]} token but records no id "
+                            "for it")
     vocab = manifest.shape.vocab_size
     for role in SPECIAL_ROLES:
         tid = getattr(task.special_tokens, role)
@@ -235,5 +252,5 @@ def load_classifier(model_dir: str | Path, device: str = "auto", session: Sessio
     raise_first(model_dir, hashing.problems())
     tokenizer = load_dir_tokenizer(model_dir)
     check_claims(model_dir, manifest, graph, tokenizer, False)
-    _check_head_graph(ort_session, manifest, graph)
+    check_head_graph(ort_session, manifest, graph)
     return Classifier(model_dir, manifest, ort_session, device, time.perf_counter() - started, tokenizer)

@@ -125,7 +125,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def examples_per_s(clf: Classifier, example_rows: list[list[list[int]]], batch: int, repeats: int) -> float:
     """Examples a second at `batch` examples a run: one warm-up run, then the median of `repeats` timed passes."""
-    rows_per_run = batch if clf.choice else batch * len(clf.task.transformation.sequences)
+    # classify_rows counts token rows a run: an example is one row a template (similarity 2), or one a choice
+    per_example = max(len(r) for r in example_rows) if clf.choice else len(clf.task.transformation.sequences)
+    rows_per_run = batch * per_example
     clf.classify_rows(example_rows[:batch], rows_per_run)  # warm-up: ONNX Runtime's first run of a shape
     times = []
     for _ in range(repeats):

@@ -29,6 +29,7 @@ from .integrity import check_claims, load_dir_tokenizer, model_path, raise_first
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .sampling import SamplingParams
 from .session import SessionConfig, import_onnxruntime, make_session
+from .tasks import article
 from .tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | N
     imported = not (model_dir / MANIFEST_NAME).exists()
     manifest = manifest_from_hf_dir(model_dir) if imported else read_manifest(model_dir)
     if manifest.task is not None:
-        raise ModelDirError(f"{model_dir} is a {manifest.task.name} classifier ({manifest.task.head} head), not a "
+        raise ModelDirError(f"{model_dir} is {article(manifest.task.name)} {manifest.task.name} classifier ({manifest.task.head} head), not a "
                             "language model: use gptedge classify / gptedge.runtime.load_classifier")
     graph = model_path(model_dir, manifest)  # confined to the dir
     hashing = start_file_checks(model_dir, manifest, imported)  # sizes now, hashes while the session builds

@@ -73,6 +73,11 @@ class Task:
         return [self.id2label.get(str(i), f"LABEL_{i}") for i in range(n)]
 
 
+def article(word: str) -> str:
+    """'an' before a task name that starts with a vowel ('an entailment classifier'), else 'a'."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
 def transformation(name: str) -> Transformation:
     """A task's line (runtime/registry.py) as the manifest records it."""
     TASKS.check(name)

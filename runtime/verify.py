@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .classify import check_head_graph
 from .errors import GptEdgeError, ModelDirError
 from .fingerprint import fingerprint_problems, record_fingerprint
 from .graph_check import check_graph
@@ -75,6 +76,8 @@ def _run_findings(model_dir: Path, manifest: Manifest, graph: Path, device: str,
         if isinstance(e, GptEdgeError):  # no such device: the command line is wrong
             raise
         return [Finding(FAIL, "graph", f"ONNX Runtime cannot load {graph.name} ({str(e).splitlines()[0][:200]})")]
+    if manifest.task is not None:
+        return _head_findings(session, manifest, graph)
     variant = variant_for(session, import_onnxruntime(), manifest, device)
     try:
         check_graph(variant, manifest, graph)
@@ -95,6 +98,21 @@ def _run_findings(model_dir: Path, manifest: Manifest, graph: Path, device: str,
         return found + [Finding(FAIL, "parity", p) for p in problems]
     return found + [Finding(OK, "parity", f"{len(recorded.ids)} greedy tokens after {len(recorded.prompt_ids)} seeded "
                                           "ids as recorded, logits within tolerance")]
+
+
+def _head_findings(session, manifest: Manifest, graph: Path) -> list[Finding]:
+    """A task head's graph (no KV cache, no generation): its I/O names, special ids and a probe run of the
+    task's output shape, as load_classifier checks them. No greedy fingerprint exists for a head, so the
+    parity recorded at export / quantize is reported, not repeated."""
+    try:
+        check_head_graph(session, manifest, graph)
+    except ModelDirError as e:
+        return [Finding(FAIL, "graph", str(e).split(": ", 1)[-1])]
+    task = manifest.task
+    found = [Finding(OK, "graph", f"loads on {session.get_providers()[0]}; a {task.name} head: I/O, special ids and "
+                                  "output shape as the manifest says")]
+    return found + [Finding(WARN, "parity", "a classifier dir records no greedy fingerprint: the head's parity "
+                                            "figures recorded at export / quantize were not re-run")]
 
 
 def verify_model_dir(model_dir: str | Path, device: str = "cpu", threads: int | None = None) -> list[Finding]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from .contract import GRAPH_STANDARD
 from .manifest import Manifest
+from .tasks import article
 
 DTYPE_SUFFIX = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "int8": "_int8", "uint8": "_uint8", "q4": "_q4"}
 # Contrib ops onnxruntime-web's WASM build runs (every one gptedge writes; see the module docstring).
@@ -77,6 +78,9 @@ def recipe_dtype(manifest: Manifest) -> tuple[str | None, str]:
 def web_readiness(manifest: Manifest) -> WebReadiness:
     """Whether transformers.js on onnxruntime-web (WASM) runs this dir as packed, and as which dtype."""
     dtype, label = recipe_dtype(manifest)
+    if manifest.task is not None:  # transformers.js' text-generation layout: logits over the vocabulary, a cache
+        return WebReadiness(False, None, f"{article(manifest.task.name)} {manifest.task.name} classifier: web packs hold language models "
+                                         "(transformers.js text generation)")
     if dtype is None:
         return WebReadiness(False, None, label)
     if manifest.graph != GRAPH_STANDARD:

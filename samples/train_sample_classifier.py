@@ -177,6 +177,21 @@ def save(body, score: torch.Tensor, tok, labels: list[str], out: Path, log: dict
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_outputs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Before minutes of training: --out / --eval-out never replace or land inside an input, and replace an
+    existing output only with --force (the checkpoint is swapped in whole at the end)."""
+    inputs = [args.model.resolve(), args.corpus.resolve()]
+    for name, out in (("--out", args.out), ("--eval-out", args.eval_out)):
+        o = out.resolve()
+        for i in inputs:
+            if o == i or i in o.parents or o in i.parents:
+                ap.error(f"{name} {out} overlaps the input {i}")
+        if out.exists() and not args.force:
+            ap.error(f"{name} {out} exists (--force replaces it)")
+    if args.out.resolve() == args.eval_out.resolve() or args.out.resolve() in args.eval_out.resolve().parents:
+        ap.error("--eval-out must lie outside --out")
+
+
 def write_jsonl(rows: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
@@ -207,7 +222,9 @@ def main() -> None:
     ap.add_argument("--lm-weight", type=float, default=0.5, help="the auxiliary LM loss's weight (0: none)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--force", action="store_true", help="replace an existing --out / --eval-out")
     args = ap.parse_args()
+    check_outputs(ap, args)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

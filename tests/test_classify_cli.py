@@ -150,3 +150,85 @@ def test_bad_export_task_invocations_are_one_line(runner, task_checkpoints, tmp_
     result = runner.invoke(main, ["export", str(task_checkpoints["gpt2-mc"]), "-o", str(tmp_path / "o"), *args])
     assert message in one_line_error(result)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (dict(num_labels=1, id2label={0: "score"}, problem_type="regression"), "head is regression"),
+    (dict(num_labels=1, id2label={0: "score"}), "head is regression (num_labels 1)"),
+    (dict(problem_type="multi_label_classification"), "head is multi_label_classification"),
+])
+def test_heads_that_are_not_one_softmax_are_refused(runner, tmp_path, overrides, says):
+    """A regression score (STS-B's similarity) or independent sigmoids would be read as a softmax: refused."""
+    from .task_checkpoints import make_checkpoint
+
+    ck = make_checkpoint("gpt2-seq", tmp_path / "ck", **overrides)
+    result = runner.invoke(main, ["export", str(ck), "-o", str(tmp_path / "o"), "--task", "similarity"])
+    assert says in one_line_error(result) and "single-label classification" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_multiple_choice_batch_size_counts_rows(task_dirs, monkeypatch):
+    """--batch-size / max rows bound the token rows of a run for multiple choice too: 8 rows = 2 four-choice
+    examples a run."""
+    shapes = []
+    real = Classifier.logits
+    monkeypatch.setattr(Classifier, "logits", lambda self, ids, mask: shapes.append(ids.shape) or real(self, ids, mask))
+    clf = runtime.load_classifier(task_dirs["gpt2-mc"], device="cpu")
+    clf.classify_batch([(f"context {i}", ["a", "b", "c", "d"]) for i in range(5)], batch_size=8)
+    assert [s[:2] for s in shapes] == [(2, 4), (2, 4), (1, 4)]
+    shapes.clear()
+    clf.classify_batch([("context", ["a", "b", "c"])], batch_size=1)  # fewer rows than one example: it runs alone
+    assert [s[:2] for s in shapes] == [(1, 3)]
+
+
+def test_json_probabilities_have_one_shape_per_head(runner, task_dirs):
+    """A sequence head's probabilities map labels; multiple choice's are a list in choice order, repeated
+    answers or not."""
+    seq = run_json(runner, task_dirs["gpt2-seq"], "--pair", "A man sleeps.", "Nobody is awake.")[0]
+    assert isinstance(seq["probabilities"], dict) and list(seq["probabilities"]) == seq["labels"]
+    for choices in (["yes", "no"], ["yes", "yes"]):
+        args = [a for c in choices for a in ("--choice", c)]
+        mc = run_json(runner, task_dirs["gpt2-mc"], "Is it?", *args)[0]
+        assert isinstance(mc["probabilities"], list) and len(mc["probabilities"]) == 2
+
+
+def test_verify_checks_a_classifier_dir(runner, task_dirs, tmp_path):
+    """verify on a classifier dir: files, claims and the head graph pass (exit 0, the parity run reported as not
+    repeated); a manifest whose labels disagree with the graph's outputs fails (exit 1)."""
+    import shutil
+
+    for name in ("gpt2-seq", "gpt2-mc"):
+        result = runner.invoke(main, ["verify", str(task_dirs[name]), "--device", "cpu"])
+        assert result.exit_code == 0, result.output
+        assert "head: I/O, special ids and output shape as the manifest says" in result.output
+    bad = tmp_path / "bad"
+    shutil.copytree(task_dirs["gpt2-seq"], bad)
+    m = json.loads((bad / "gptedge.json").read_text())
+    m["task"]["id2label"]["3"] = "extra"
+    (bad / "gptedge.json").write_text(json.dumps(m))
+    result = runner.invoke(main, ["verify", str(bad), "--device", "cpu"])
+    assert result.exit_code == 1 and "task entailment with 4 outputs, the graph gives [1, 3]" in result.output
+
+
+def test_a_classifier_dir_is_not_packed_for_the_web(runner, task_dirs, tmp_path):
+    result = runner.invoke(main, ["pack", str(task_dirs["gpt2-seq"]), "--target", "web", "--no-page",
+                                  "-o", str(tmp_path / "web")])
+    assert "an entailment classifier: web packs hold language models" in one_line_error(result)
+    assert not (tmp_path / "web").exists()
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda t: t["special_tokens"].update(delimiter=None), "task uses the delimiter token but records no id"),
+    (lambda t: t["transformation"].update(combine="max"), "combines rows as 'max'"),
+    (lambda t: t["transformation"]["sequences"][0].insert(1, "title"), "task template names 'title'"),
+])
+def test_a_hand_edited_task_is_refused_at_load_in_one_line(runner, task_dirs, tmp_path, edit, says):
+    import shutil
+
+    d = tmp_path / "edited"
+    shutil.copytree(task_dirs["gpt2-seq"], d)
+    m = json.loads((d / "gptedge.json").read_text())
+    edit(m["task"])
+    (d / "gptedge.json").write_text(json.dumps(m))
+    result = runner.invoke(main, ["classify", str(d), "--pair", "a", "b", "--device", "cpu"])
+    assert says in one_line_error(result) and "Traceback" not in result.output

@@ -93,3 +93,25 @@ def test_transformers_reads_the_checkpoint_and_agrees_with_the_export(exported):
             want = model.eval()(torch.tensor([row])).logits.numpy()
         got = clf.logits(np.array([row]), np.ones((1, len(row)), np.int64))
         assert np.abs(want - got).max() < 1e-4
+
+
+@pytest.mark.parametrize("out, eval_out, says", [
+    ("samples/sample-model", "{tmp}/e.jsonl", "--out samples/sample-model overlaps the input"),
+    ("samples", "{tmp}/e.jsonl", "--out samples overlaps the input"),
+    ("{tmp}/ck", "samples/sample-model/e.jsonl", "overlaps the input"),
+    ("{tmp}/existing", "{tmp}/e.jsonl", "exists (--force replaces it)"),
+])
+def test_the_training_script_refuses_outputs_that_would_lose_data(tmp_path, out, eval_out, says):
+    """Checked before minutes of training: the script never replaces its inputs, nor an existing output unless
+    --force."""
+    import subprocess
+    import sys
+
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "corpus").mkdir()
+    args = ["--corpus", str(tmp_path / "corpus"), "--out", out.format(tmp=tmp_path), "--eval-out", eval_out.format(tmp=tmp_path)]
+    before = sorted(p.name for p in (ROOT / "samples" / "sample-model").iterdir())
+    result = subprocess.run([sys.executable, str(ROOT / "samples" / "train_sample_classifier.py"), *args],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and says in result.stderr, result.stderr
+    assert sorted(p.name for p in (ROOT / "samples" / "sample-model").iterdir()) == before

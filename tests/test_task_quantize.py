@@ -74,8 +74,14 @@ def test_every_method_keeps_the_task_and_agrees_with_fp32(task_dirs, quantized, 
         assert QUANTIZED_OP[recipe] in {n.op_type for n in graph.graph.node}
         assert float_head(graph)  # by default the head's linear stays fp32 (quantize_head=False)
         assert "head's linear" in q.manifest.quantization.kept_float
+        storage = q.manifest.quantization.embedding_and_lm_head
+        assert "; LM head" not in storage and "no LM head" in storage  # a classifier graph has none
         if recipe != "static":  # the token embedding is quantized with the blocks
             assert "wte.weight" not in {t.name for t in graph.graph.initializer}  # stored quantized only
+            assert "kept as float" not in storage and "token embedding" not in q.manifest.quantization.kept_float
+        else:  # static's QDQ pass quantizes MatMuls only: the manifest says the table stayed float, as it did
+            assert "wte.weight" in {t.name for t in graph.graph.initializer}
+            assert "kept as float" in storage and "token embedding" in q.manifest.quantization.kept_float
         assert sum(nodes.values()) >= 8  # 2 layers x 4 linears at least
     examples = EXAMPLES[name](sentences())
     p = np.array([r.probabilities for r in fp32.classify_batch(examples)])
