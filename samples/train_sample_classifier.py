@@ -16,7 +16,7 @@ to the LM head, which a classifier dir does not carry). Loss: cross-entropy of t
 CPU only, seeded; a few minutes with 2 threads:
 
     python samples/train_sample_classifier.py --corpus ../shared/corpus --model samples/sample-model \\
-        --out samples/sample-classifier --eval-out samples/eval/austen-novel.jsonl
+        --out samples/sample-classifier --eval-out samples/eval/austen-novel.jsonl --force
 """
 
 from __future__ import annotations
