@@ -24,9 +24,9 @@ import numpy as np
 
 from .arguments import check_text
 from .errors import InvalidArgumentError, ModelDirError
-from .integrity import check_claims, load_dir_tokenizer, model_path, raise_first, start_file_checks
+from .integrity import open_checked_session
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
-from .session import SessionConfig, make_session
+from .session import SessionConfig
 from .tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,
                     example_fields, rows)
 from .tokenizer import encode
@@ -240,17 +240,6 @@ def load_classifier(model_dir: str | Path, device: str = "auto", session: Sessio
     if manifest.task is None:
         raise ModelDirError(f"{model_dir} is a language model, not a classifier (its {MANIFEST_NAME} names no task): "
                             "use gptedge generate / gptedge.runtime.load")
-    graph = model_path(model_dir, manifest)
-    hashing = start_file_checks(model_dir, manifest, False)
-    try:
-        ort_session = make_session(str(graph), device=device, config=session or SessionConfig())
-    except Exception as e:
-        raise_first(model_dir, hashing.problems())
-        if type(e).__module__.startswith("gptedge"):
-            raise
-        raise ModelDirError(f"{graph}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:200]})") from None
-    raise_first(model_dir, hashing.problems())
-    tokenizer = load_dir_tokenizer(model_dir)
-    check_claims(model_dir, manifest, graph, tokenizer, False)
+    ort_session, graph, tokenizer = open_checked_session(model_dir, manifest, False, device, session)
     check_head_graph(ort_session, manifest, graph)
     return Classifier(model_dir, manifest, ort_session, device, time.perf_counter() - started, tokenizer)

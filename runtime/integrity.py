@@ -17,6 +17,7 @@ from .manifest import MANIFEST_NAME, Manifest
 from .model_claims import claim_problems
 from .model_files import HashCheck, check_records, confined
 from .onnx_wire import is_ort_format, read_graph_facts
+from .session import SessionConfig, make_session
 from .tokenizer import TOKENIZER_FILE, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -63,3 +64,23 @@ def graph_facts(graph: Path):
 
 def check_claims(model_dir: Path, manifest: Manifest, graph: Path, tokenizer, imported: bool) -> None:
     raise_first(model_dir, claim_problems(model_dir, manifest, graph_facts(graph), tokenizer, imported))
+
+
+def open_checked_session(model_dir: Path, manifest: Manifest, imported: bool, device: str,
+                         config: SessionConfig | None):
+    """The dir's graph as an ONNX Runtime session, its files and claims checked -> (session, graph path, tokenizer).
+    Sizes are checked now and hashes while the session builds; a file that changed explains a failed build
+    best, so its problem is raised first."""
+    graph = model_path(model_dir, manifest)  # confined to the dir
+    hashing = start_file_checks(model_dir, manifest, imported)
+    try:
+        session = make_session(str(graph), device=device, config=config or SessionConfig())
+    except Exception as e:
+        raise_first(model_dir, hashing.problems())
+        if type(e).__module__.startswith("gptedge"):
+            raise
+        raise ModelDirError(f"{graph}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:200]})") from None
+    raise_first(model_dir, hashing.problems())
+    tokenizer = load_dir_tokenizer(model_dir)
+    check_claims(model_dir, manifest, graph, tokenizer, imported)
+    return session, graph, tokenizer

@@ -25,10 +25,10 @@ from .errors import InvalidArgumentError, ModelDirError
 from .generation import PREFILL_CHUNK, Generation, run_generation
 from .graph_check import check_graph, manifest_from_hf_dir
 from .graph_variant import GraphVariant, variant_for
-from .integrity import check_claims, load_dir_tokenizer, model_path, raise_first, start_file_checks
+from .integrity import open_checked_session
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .sampling import SamplingParams
-from .session import SessionConfig, import_onnxruntime, make_session
+from .session import SessionConfig, import_onnxruntime
 from .tasks import article
 from .tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 
@@ -198,18 +198,7 @@ def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | N
     if manifest.task is not None:
         raise ModelDirError(f"{model_dir} is {article(manifest.task.name)} {manifest.task.name} classifier ({manifest.task.head} head), not a "
                             "language model: use gptedge classify / gptedge.runtime.load_classifier")
-    graph = model_path(model_dir, manifest)  # confined to the dir
-    hashing = start_file_checks(model_dir, manifest, imported)  # sizes now, hashes while the session builds
-    try:
-        ort_session = make_session(str(graph), device=device, config=session or SessionConfig())
-    except Exception as e:
-        raise_first(model_dir, hashing.problems())  # a file that changed explains a failure best
-        if type(e).__module__.startswith("gptedge"):
-            raise
-        raise ModelDirError(f"{graph}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:200]})") from None
-    raise_first(model_dir, hashing.problems())
-    tokenizer = load_dir_tokenizer(model_dir)
-    check_claims(model_dir, manifest, graph, tokenizer, imported)
+    ort_session, graph, tokenizer = open_checked_session(model_dir, manifest, imported, device, session)
     variant = variant_for(ort_session, import_onnxruntime(), manifest, device)
     check_graph(variant, manifest, graph)
     loaded = LoadedModel(model_dir, manifest, ort_session, variant, device, time.perf_counter() - started)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from gptedge.runtime.tasks import COMBINE_CHOICES, Task
 
-from .openai_schema import ApiError, bad
+from .openai_schema import ApiError, bad, check_body_fields
 
 KNOWN_FIELDS = frozenset({"model", "input", "user"})
 TEXT_GENERATION = "text-generation"  # /v1/models' task of a language model
@@ -41,11 +41,7 @@ class ClassifyParams:
 def parse_classify_request(body, task: Task, max_examples: int) -> ClassifyParams:
     """A decoded JSON body -> ClassifyParams, or ApiError (400 naming the bad parameter, 413 too many examples).
     Each example's fields are checked when it is tokenized (the caller), with the example's index."""
-    if not isinstance(body, dict):
-        raise bad(None, "the request body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN_FIELDS)
-    if unknown:
-        raise bad(unknown[0], f"unrecognized request argument supplied: {', '.join(unknown)}")
+    check_body_fields(body, KNOWN_FIELDS)
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise bad("model", "model must be a non-empty string (see GET /v1/models) or absent")

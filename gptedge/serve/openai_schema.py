@@ -107,16 +107,21 @@ def _stop(v) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def check_body_fields(body, known: frozenset[str]) -> None:
+    """A request body is a JSON object holding only the route's fields (OpenAI's wording), or ApiError(400)."""
+    if not isinstance(body, dict):
+        raise bad(None, "the request body must be a JSON object")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise bad(unknown[0], f"unrecognized request argument supplied: {', '.join(unknown)}")
+
+
 def parse_completion_request(body, max_tokens_limit: int) -> CompletionParams:
     """A decoded JSON body -> CompletionParams, or ApiError(400) naming the first bad parameter.
 
     The model name is checked by the caller (404 for an unknown one); token counts against the context
     once the prompts are tokenized."""
-    if not isinstance(body, dict):
-        raise bad(None, "the request body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN_FIELDS)
-    if unknown:
-        raise bad(unknown[0], f"unrecognized request argument supplied: {', '.join(unknown)}")
+    check_body_fields(body, KNOWN_FIELDS)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("model", "model is required (see GET /v1/models)")
