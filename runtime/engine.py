@@ -1,8 +1,12 @@
 """The serving engine: one thread owns the model's session and runs continuous batching (DESIGN §10).
 
-Requests queue up (at most `max_queue` waiting); a newcomer is prefilled on its own, one chunk
-per loop turn, and joins the running batch at a step boundary; a sequence leaves the batch when
-it ends or is cancelled, and its room is reused. Each step decodes every joined sequence at once
+Requests queue up (at most `max_queue` waiting). Each loop turn runs one prefill run, then one
+decode step of the running batch, so a running row waits at most one prefill run (of at most
+`prefill_chunk` prompt positions, padding counted) between two tokens. The run prefills together as
+many newcomers as have rows and fit the budget (k prompts padded to the longest: k x longest <=
+prefill_chunk; a burst of short prompts costs one run, not one each), or the next chunk of one
+prompt too long for the budget alone. Newcomers join the running batch at the step boundary; a
+sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes every joined sequence at once
 through the graph variant's sequence pool. Token selection, stop handling and text streaming are
 generate()'s own (`generation.SequenceState`), so a request gets the tokens `generate` gives for
 the same prompt and settings whatever else is in the batch (fp32; INT8 within its batch
@@ -147,6 +151,7 @@ class Engine:
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
         self._prefilling: tuple[_Active, object] | None = None
+        self._group: list[_Active] = []  # newcomers off the queue, in a prefill run (a failed run fails them too)
         self._ids = itertools.count(1)
         self._accepting = True
         self._deadline: float | None = None  # set by stop(): cancel whatever still runs then
@@ -226,15 +231,20 @@ class Engine:
         return self._deadline is not None and time.perf_counter() >= self._deadline
 
     def _prefill_turn(self) -> None:
-        """Start prefilling the next newcomer when there is room, or run the next chunk of the current one."""
+        """One prefill run: a group of newcomers whose prompts fit the budget together, else the next chunk
+        of one long prompt (started here when it heads the queue)."""
         if self._prefilling is None:
-            with self._cond:
-                if not self._waiting or len(self._running) >= self.max_batch:
-                    return
-                active = self._waiting.popleft()
-                self.metrics.queue_depth = len(self._waiting)
-            self.metrics.tokens_in += len(active.request.prompt_ids)
-            active.status = RequestState.PREFILLING
+            group = self._take_group()
+            if not group:
+                return
+            if len(group) > 1 or len(group[0].request.prompt_ids) <= (self.prefill_chunk or np.inf):
+                self._group = group
+                logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group])
+                self._group = []
+                for active, row in zip(group, logits):
+                    self._joined(active, row)
+                return
+            active = group[0]
             self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
         active, runs = self._prefilling
         try:
@@ -243,6 +253,28 @@ class Engine:
         except StopIteration as done:
             logits = done.value
         self._prefilling = None
+        self._joined(active, logits)
+
+    def _take_group(self) -> list[_Active]:
+        """Newcomers off the queue's head while rows are free and k x longest prompt <= prefill_chunk
+        (at least one: a prompt longer than the budget alone is prefilled in chunks)."""
+        group: list[_Active] = []
+        longest = 0
+        with self._cond:
+            while self._waiting and len(self._running) + len(group) < self.max_batch:
+                length = max(longest, len(self._waiting[0].request.prompt_ids))
+                if group and self.prefill_chunk is not None and length * (len(group) + 1) > self.prefill_chunk:
+                    break
+                group.append(self._waiting.popleft())
+                longest = length
+            self.metrics.queue_depth = len(self._waiting)
+        for active in group:
+            self.metrics.tokens_in += len(active.request.prompt_ids)
+            active.status = RequestState.PREFILLING
+        return group
+
+    def _joined(self, active: _Active, logits: np.ndarray) -> None:
+        """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
         self._emit_next(active, logits)
         if active.state.result.stop:
             self.pool.remove(active.seq)
@@ -324,8 +356,8 @@ class Engine:
         with self._cond:
             waiting = list(self._waiting)
             self._waiting.clear()
-        flight = waiting + self._running + ([self._prefilling[0]] if self._prefilling else [])
-        self._running, self._prefilling = [], None
+        flight = waiting + self._group + self._running + ([self._prefilling[0]] if self._prefilling else [])
+        self._running, self._prefilling, self._group = [], None, []
         return flight
 
     def _fail_all(self, message: str) -> None:

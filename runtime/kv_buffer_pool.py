@@ -1,10 +1,14 @@
 """The continuous batch on a kv_buffer graph: every sequence owns a row of one preallocated cache.
 
-Per layer, keys and values live in one host array (capacity + 1, nh, max_len, hs); the last row
-is a scratch row where a newcomer's prompt is prefilled on its own (ONNX Runtime's CPU
-GroupQueryAttention takes a multi-position run over a non-empty past for batch 1 only). Joined
-sequences occupy rows 0..n-1, so a decode step binds the contiguous prefix (n, nh, max_len, hs)
-as past and present and GroupQueryAttention writes the new position of every row in place.
+Per layer, keys and values live in one host array (2 x capacity, nh, max_len, hs). Joined sequences
+occupy rows 0..n-1, so a decode step binds the contiguous prefix (n, nh, max_len, hs) as past and
+present and GroupQueryAttention writes the new position of every row in place. Rows capacity.. are
+scratch rows where newcomers are prefilled: a group of k whose prompts fit one run together is
+prefilled at once in k scratch rows, left-padded to the longest (an empty past, so ONNX Runtime's CPU
+GroupQueryAttention takes any batch; the padding is masked, and the LM head reads the last position,
+every row's last prompt token); a prompt too long for one run is prefilled alone in chunks in the
+first scratch row (GroupQueryAttention takes a multi-position run over a non-empty past for batch 1
+only). Scratch rows cost memory only where a prompt touched them (see _without_huge_pages).
 
 All rows share one timeline of T positions: row r's cache is the window [T - len_r, T), and the
 attention mask hides everything before it. A newcomer's prefilled window is copied from the
@@ -58,8 +62,8 @@ class SlotPool:
         # Zeroed, so a masked position never holds NaN bits (0 x NaN would leak through attention);
         # untouched pages cost no memory, provided they are small ones (see _without_huge_pages).
         with _without_huge_pages():
-            # (capacity + 1, nh, max_len, width) in the cache's type (runtime/kv_cache.py): int8 is a quarter of fp32
-            self.kv = [np.zeros((capacity + 1, shape.n_head, max_length, variant.kv_width), variant.kv_dtype)
+            # (2 x capacity, nh, max_len, width) in the cache's type (runtime/kv_cache.py): int8 is a quarter of fp32
+            self.kv = [np.zeros((2 * capacity, shape.n_head, max_length, variant.kv_width), variant.kv_dtype)
                        for _ in range(2 * shape.n_layer)]
         self._rows: list[int] = []  # row -> seq, rows 0..n-1
         self._lengths: list[int] = []  # row -> positions held
@@ -107,6 +111,24 @@ class SlotPool:
         self._join(seq, ids.shape[1])
         return logits
 
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        k = len(seqs)
+        if not 1 <= k <= self.capacity - len(self._rows):
+            raise RuntimeError(f"a group of {k} does not fit the pool's {self.capacity - len(self._rows)} free rows")
+        longest = max(len(p) for p in prompts)
+        ids = np.zeros((k, longest), np.int64)  # (k, S), each prompt at the right end of its row
+        mask = np.zeros((k, longest), np.int64)
+        pos = np.zeros((k, longest), np.int64)
+        for r, prompt in enumerate(prompts):
+            pad = longest - len(prompt)
+            ids[r, pad:], mask[r, pad:], pos[r, pad:] = prompt, 1, np.arange(len(prompt))
+        binding = self._binding(k)  # made per group: a run of k x S positions dwarfs binding 2 x layers arrays
+        self._bind_kv(binding, slice(self.capacity, self.capacity + k))
+        logits = self._run(binding, ids, mask, pos)  # (k, V)
+        for r, (seq, prompt) in enumerate(zip(seqs, prompts)):
+            self._join(seq, len(prompt), src=self.capacity + r, src_end=longest)
+        return logits
+
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         n = len(self._rows)
         if self._timeline + 1 > self.max_length or self._timeline - max(self._lengths) >= SLACK:
@@ -150,12 +172,15 @@ class SlotPool:
         for buf in self.kv:
             buf[dst, :, end - length:end] = buf[src, :, src_end - length:src_end]  # overlap-safe in numpy
 
-    def _join(self, seq: int, length: int) -> None:
+    def _join(self, seq: int, length: int, src: int | None = None, src_end: int | None = None) -> None:
+        """A newcomer's window [src_end - length, src_end) of scratch row src becomes the next row's."""
+        src = self.capacity if src is None else src
+        src_end = length if src_end is None else src_end
         if length > self._timeline:  # the newcomer is longer than the timeline: every row moves right
             for r, held in enumerate(self._lengths):
                 self._copy_window(r, r, held, length, src_end=self._timeline)
             self._timeline = length
-        self._copy_window(self.capacity, len(self._rows), length, self._timeline, src_end=length)
+        self._copy_window(src, len(self._rows), length, self._timeline, src_end=src_end)
         self._rows.append(seq)
         self._lengths.append(length)
 

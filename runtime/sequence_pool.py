@@ -1,8 +1,9 @@
 """Sequence pools: the KV caches of a continuous batch, as the server's engine drives them (DESIGN §10).
 
-A pool holds up to `capacity` sequences. The engine adds a sequence by prefilling its prompt
-(one chunk per call of the generator `prefill`, so running streams wait at most one chunk),
-decodes every joined sequence together with `step`, and removes a sequence when it ends.
+A pool holds up to `capacity` sequences. The engine adds newcomers whose prompts fit one prefill run
+together with `prefill_group` (one run for all of them), a longer prompt on its own with `prefill` (one
+chunk per call of the generator, so running streams wait at most one chunk), decodes every joined
+sequence together with `step`, and removes a sequence when it ends.
 
 `SequentialPool` works for any graph variant: each sequence keeps its own batch-1 cache and a
 step runs them one after another (no batching gain, but always correct). Variants with a
@@ -28,6 +29,9 @@ class SequencePool(Protocol):
     def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None) -> Prefill:
         """Prefill a new sequence `seq` (the caller's id) and join it to the batch once done."""
 
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Prefill several new sequences at once and join them all -> last-position logits (k, V) float32."""
+
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         """Feed one token per sequence (n,) -> next-token logits (n, V) float32, in `seqs` order."""
 
@@ -39,6 +43,15 @@ def prefill_runs(length: int, chunk: int | None) -> list[tuple[int, int]]:
     """[(start, end)] prompt positions of each prefill run."""
     chunk = chunk or length
     return [(s, min(length, s + chunk)) for s in range(0, length, chunk)]
+
+
+def drain(runs: Prefill) -> np.ndarray:
+    """Run a prefill generator to its end -> its logits (V,)."""
+    while True:
+        try:
+            next(runs)
+        except StopIteration as done:
+            return done.value
 
 
 class SequentialPool:
@@ -59,6 +72,9 @@ class SequentialPool:
                 yield
         self._states[seq] = (state, ids.shape[1])
         return logits
+
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        return np.stack([drain(self.prefill(seq, prompt, None)) for seq, prompt in zip(seqs, prompts)])
 
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         out = []
