@@ -57,6 +57,9 @@ class SessionConfig:
     optimization_level: str = "all"  # disable | basic | extended | all
     provider_options: Mapping[str, Any] = field(default_factory=dict)  # for the first provider (CUDA's, say)
     profile_prefix: str | None = None  # turn ONNX Runtime's per-op profiler on, writing PREFIX_*.json
+    # Intra-op threads spin-wait for work between and after runs (ORT's default: on). Off, they yield the cores
+    # at once: what a server wants, whose event loop and clients need the cores between two decode steps.
+    spin: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("threads", "inter_op_threads"):
@@ -90,6 +93,8 @@ def make_session(model_path: str, device: str = "auto", config: SessionConfig = 
         options.intra_op_num_threads = config.threads
     if config.inter_op_threads:
         options.inter_op_num_threads = config.inter_op_threads
+    if config.spin is not None:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
     if config.profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = config.profile_prefix

@@ -75,7 +75,8 @@ def test_sixteen_staggered_requests_get_their_solo_results(gpt2_loaded, gpt2_kv_
         assert c.last.finish_reason is (FinishReason.LENGTH if result.stop in ("max_new_tokens", "context")
                                         else FinishReason.STOP)
         if graph == "kv_buffer" and not r.sampling.is_greedy:
-            # batched rows' logits may be ~1e-7 off solo ones (README, serve): the first token is prefilled alone
+            # batched rows' logits may be ~1e-7 off solo ones (README, serve), later tokens may differ; the first
+            # token's prefill (alone, or left-padded in a group) is ~1e-6 off at most: no seeded draw here flips
             assert result.ids[:1] == want.ids[:1]
         else:  # greedy, or the standard graph's pool (each row its own batch-1 state): exactly generate()'s
             assert result.ids == want.ids and result.text == want.text and result.stop == want.stop

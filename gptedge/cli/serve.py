@@ -30,7 +30,8 @@ from gptedge.runtime.manifest import MANIFEST_NAME
 from gptedge.sample import sample_model_dir
 
 from gptedge.serve.classify_batcher import ClassifyBatcher  # threading only: light at --help
-from gptedge.serve.options import MAX_BATCH, MAX_QUEUE, Seconds, classify_options, limit_options
+from gptedge.serve.options import (MAX_BATCH, MAX_PREFILL_BUDGET, MAX_QUEUE, PREFILL_BUDGET, Seconds, classify_options,
+                                   limit_options)
 from gptedge.serve.options import api_key as api_key_check
 from gptedge.serve.options import model_name as model_name_check
 
@@ -65,6 +66,13 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--port", default=8000, show_default=True, type=count(0, 65535),
               help="0: any free port (printed on stderr).")
 @click.option("--max-batch", default=8, show_default=True, type=count(1, MAX_BATCH), help="Sequences decoded together.")
+@click.option("--prefill-budget", default=PREFILL_BUDGET, show_default=True, type=count(1, MAX_PREFILL_BUDGET),
+              help="Prompt positions (padding counted) one prefill run may take between two decode steps: "
+                   "newcomers whose prompts fit are prefilled together, a longer prompt in chunks. Smaller: "
+                   "running streams stall less; larger: a burst's first tokens come sooner.")
+@click.option("--spin/--no-spin", default=False, show_default=True,
+              help="Let ONNX Runtime's threads spin-wait between runs (off: they yield the cores to the HTTP "
+                   "side at once).")
 @click.option("--max-queue", default=64, show_default=True, type=count(1, MAX_QUEUE),
               help="Requests waiting for a batch row; beyond it requests get 429.")
 @click.option("--max-tokens-limit", default=None, type=count(1),
@@ -82,7 +90,7 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--web", default="auto", show_default=True,
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
-def serve(model: str | None, host: str, port: int, max_batch: int, max_queue: int, max_tokens_limit: int | None,
+def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, spin: bool, max_queue: int, max_tokens_limit: int | None,
           api_key: str | None, model_name: str | None, threads: int, device: str, shutdown_timeout: float,
           web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int, max_examples: int,
           batch_wait: float) -> None:
@@ -101,7 +109,7 @@ def serve(model: str | None, host: str, port: int, max_batch: int, max_queue: in
     if (Path(model) / MANIFEST_NAME).is_file() and runtime.read_manifest(model).task is not None:
         return _serve_classifier(uvicorn, app, model, name, host, port, max_queue, api_key, threads, device,
                                  shutdown_timeout, limits, max_rows, max_examples, batch_wait)
-    loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads))
+    loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads, spin=spin))
     loaded.tokenizer  # fail on a missing tokenizer before serving
     context = loaded.manifest.shape.context_length
     if max_tokens_limit is not None and max_tokens_limit > context:
@@ -109,7 +117,7 @@ def serve(model: str | None, host: str, port: int, max_batch: int, max_queue: in
                                  param_hint="'--max-tokens-limit'")
     with page.web_model(Path(model), loaded.manifest, web) as (web_dir, unavailable):  # a temporary pack: removed after
         routes = page.playground_routes(page.Playground(name, bool(api_key), web_dir, unavailable))
-        _run(uvicorn, app, loaded, model, name, host, port, max_batch, max_queue, max_tokens_limit or context, api_key,
+        _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, max_queue, max_tokens_limit or context, api_key,
              shutdown_timeout, routes, unavailable, limits)
 
 
@@ -152,20 +160,21 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
     diag("server stopped")
 
 
-def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, max_queue: int,
+def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, prefill_budget: int,
+         max_queue: int,
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
          limits) -> None:
     """Listen, start the engine, and serve until a signal stops it."""
     from gptedge.runtime.engine import Engine  # deferred: numpy, not needed at --help
 
     sock = _listen(host, port)
-    engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue).start()
+    engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget).start()
     state = app.ServeState(engine, loaded, name, max_tokens, api_key or None, limits=limits)
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     bound = sock.getsockname()
     diag(f"playground: http://{bound[0]}:{bound[1]}/ (in this browser: {unavailable or 'yes'})")
     _serve(uvicorn, app, state, sock, host, api_key, shutdown_timeout, limits, routes,
-           f"max batch {max_batch}, queue {max_queue}")
+           f"max batch {max_batch}, prefill budget {prefill_budget}, queue {max_queue}")
 
 
 def _server(uvicorn, config, state, grace_s: float):
