@@ -31,32 +31,30 @@ def _data(chunk: dict) -> str:
     return "data: " + json.dumps(chunk)
 
 
-# A llama-server /v1/completions stream as server-task.cpp writes it: an empty chunk that opens the stream, one
-# chunk per token with text, then a last chunk with an empty text, `usage` and `timings`, then [DONE].
+# A llama-server /v1/completions stream as recorded from its build b1-0c1e570 (fields trimmed): one chunk per token
+# with text, then a last chunk with an empty text, `usage` and `timings`, then [DONE]. Here one token ended inside a
+# UTF-8 character, so its text came with the next token's: 4 tokens, 3 chunks with text.
+_META = {"created": 1795604228, "model": "model-f32.gguf", "system_fingerprint": "b1-0c1e570",
+         "object": "text_completion", "id": "chatcmpl-gNH0jQ3EJb4rtrASHl5rCh2oUEOXqscb"}
 LLAMA_STREAM = [
-    _data({"choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": None}],
-           "object": "text_completion"}),
-    "",
-    _data({"choices": [{"text": " the", "index": 0, "logprobs": None, "finish_reason": None}]}),
-    "",
-    _data({"choices": [{"text": " cat", "index": 0, "logprobs": None, "finish_reason": None}]}),
-    "",
-    _data({"choices": [{"text": " sat", "index": 0, "logprobs": None, "finish_reason": None}]}),
-    "",
-    _data({"choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}],
+    *[line for text in (" the", " caf\u00e9", " sat")
+      for line in (_data({"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": None}], **_META}),
+                   "")],
+    _data({"choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}], **_META,
            "usage": {"completion_tokens": 4, "prompt_tokens": 8, "total_tokens": 12,
                      "prompt_tokens_details": {"cached_tokens": 0}},
-           "timings": {"prompt_n": 8, "predicted_n": 4, "predicted_ms": 10.0}}),
+           "timings": {"cache_n": 0, "prompt_n": 8, "prompt_ms": 5.213, "predicted_n": 4, "predicted_ms": 10.941}}),
     "",
     "data: [DONE]",
+    "",
 ]
 
 
 def test_a_llama_server_stream_is_read_as_the_servers_own_token_count_and_text_arrivals():
-    timing = sl.parse_stream(10.0, [(10.0 + 0.1 * i, line) for i, line in enumerate(LLAMA_STREAM)])
-    assert timing.tokens == 4 and timing.counted_by == "usage"  # 4: one token held back inside a UTF-8 character
-    assert timing.chunks == pytest.approx([10.2, 10.4, 10.6])  # the empty opening and closing chunks are not arrivals
-    assert timing.ttft == pytest.approx(0.2) and timing.gaps == pytest.approx([0.2, 0.2])
+    timing = sl.parse_stream(10.0, [(10.0 + 0.1 * i, line) for i, line in enumerate(LLAMA_STREAM, start=1)])
+    assert timing.tokens == 4 and timing.counted_by == "usage"
+    assert timing.chunks == pytest.approx([10.1, 10.3, 10.5])  # the last chunk's empty text is not an arrival
+    assert timing.ttft == pytest.approx(0.1) and timing.gaps == pytest.approx([0.2, 0.2])
 
 
 def test_without_usage_the_count_is_timings_predicted_n_then_the_text_chunks():
