@@ -229,7 +229,7 @@ def bench_model(model: Path, args, in_process: bool = True) -> dict:
 
     manifest = read_manifest(model)
     prompts = load_prompts(manifest.shape.vocab_size, args)
-    solo = [float("nan")]
+    solo = None
     if in_process:  # --peer leaves it out: the comparison is between servers
         loaded = load(model, device="cpu", session=SessionConfig(threads=args.threads))
         loaded.generate(prompts[0], 8, greedy=True, ignore_eos=True)  # warm-up
@@ -244,8 +244,8 @@ def bench_model(model: Path, args, in_process: bool = True) -> dict:
             rss = peak_rss_mib(proc.pid)
         finally:
             stop_server(proc)
-    return {"model": str(model), "precision": manifest.precision, "rows": rows, "generate_tok_s": float(np.median(solo)),
-            "peak_rss_mib": rss, "size_mib": size_mib}
+    return {"model": str(model), "precision": manifest.precision, "rows": rows,
+            "generate_tok_s": float(np.median(solo)) if solo else None, "peak_rss_mib": rss, "size_mib": size_mib}
 
 
 def report(result: dict) -> None:
@@ -579,7 +579,10 @@ def machine_facts(args, binary: Path, context: int) -> list[str]:
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)

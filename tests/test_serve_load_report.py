@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 
 import pytest
@@ -189,9 +190,14 @@ def test_the_report_holds_the_header_table_targets_and_is_written_atomically(tmp
     assert text.startswith("# gptedge serve vs llama-server") and "- date: today" in text
     assert "## Load (cells: run 1)" in text and "| 8: tok/s | 300.0 | 150.0 |" in text
     out = tmp_path / "deep" / "table.md"
-    sl.write_atomic(out, text)
-    sl.write_atomic(out, text + "again\n")
+    umask = os.umask(0o022)
+    try:
+        sl.write_atomic(out, text)
+        sl.write_atomic(out, text + "again\n")
+    finally:
+        os.umask(umask)
     assert out.read_text() == text + "again\n" and [f.name for f in out.parent.iterdir()] == ["table.md"]
+    assert out.stat().st_mode & 0o777 == 0o644  # the umask's mode, not mkstemp's 0600
 
 
 def test_a_missing_server_binary_says_how_to_build_it(monkeypatch, tmp_path):
