@@ -309,7 +309,9 @@ def checkpoint_work(checkpoint: Path, manifests: dict, work: Path) -> Path:
     digests = {f.name: sha256_file(f) for f in sorted(checkpoint.iterdir()) if f.is_file()}
     for model, manifest in manifests.items():
         weights, recorded = recorded_weights(manifest.source)
-        if recorded and digests.get(weights) != recorded:
+        if recorded and weights not in digests:
+            raise SystemExit(f"--checkpoint {checkpoint}: no {weights}, the weights {model} was exported from")
+        if recorded and digests[weights] != recorded:
             raise SystemExit(f"--checkpoint {checkpoint}: its {weights} is not the file {model} was exported from "
                              f"(SHA-256 {recorded[:12]}...)")
     key = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:12]
