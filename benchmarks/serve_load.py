@@ -41,6 +41,8 @@ warm-up and the same prompts as to gptedge (prompt ids, `cache_prompt: false` so
 client count is prefilled again, as gptedge does), and reads its peak RSS (VmHWM) the same way. The runs interleave
 (run 1: every gptedge dir, then every recipe; run 2 the same again) so drift hits both sides. The targets pair
 weight-only 8-bit with Q8_0 and weight-only 4-bit with Q4_K_M; other dirs are reported beside, not judged.
+`--peer-args='...'` appends llama-server options: `--cache-ram 0` turns off its host-memory prompt cache (on by
+default: each finished slot's KV is saved there when the slot takes a new request, and counts in its peak RSS).
 """
 
 from __future__ import annotations
@@ -529,7 +531,7 @@ NOTES = [
     ("- llama-server's requests carry `cache_prompt: false`: a slot never reuses the KV of a prompt seen before "
     "(this load repeats prompts across client counts; gptedge has no prefix cache)."),
     ("- llama-server keeps its host-memory prompt cache (`--cache-ram`, default 8192 MiB: idle slots' KV states are "
-    "saved there) unless `--peer-args` turns it off; what it holds counts in its peak RSS."),
+    "saved there) unless its command above has `--cache-ram 0`; what it holds counts in its peak RSS."),
     ("- Token counts are each server's own (`usage.completion_tokens`); inter-token gaps are between chunks with "
     "text, and both servers hold back a token that ends inside a UTF-8 character, so both err high alike."),
 ]
@@ -645,7 +647,8 @@ def main() -> None:
     peer.add_argument("--peer", choices=["llama-server"], help="Run the same load against this server too.")
     peer.add_argument("--checkpoint", type=Path, help="The HF checkpoint the dirs came from (default: the manifest's).")
     peer.add_argument("--peer-recipes", default=None, help="llama.cpp quantizations (default Q8_0,Q4_K_M).")
-    peer.add_argument("--peer-args", default=None, help="More llama-server options, one string (e.g. '--cache-ram 0').")
+    peer.add_argument("--peer-args", default=None,
+                      help="More llama-server options, one string: --peer-args='--cache-ram 0'.")
     peer.add_argument("--runs", type=int, default=None, help="Interleaved runs (default 2).")
     peer.add_argument("--work", type=Path, default=None, help="GGUFs, reused (default .cache/bench/llama-server).")
     peer.add_argument("--out", type=Path, help="Also write the report here (and every figure in FILE.json).")
