@@ -17,25 +17,69 @@ token (request sent -> first text chunk) and p50/p99 inter-token latency (gap be
 holding back half a UTF-8 character carries two tokens, so this errs high); then one client's decode rate
 through HTTP next to generate's, and the server's peak RSS (VmHWM) next to the model's size on disk; and the
 DESIGN §7/§10 targets as met or missed. Timings mean something only on a quiet machine.
+
+With `--peer llama-server` the same load also runs against llama.cpp's own server, interleaved, and one comparison
+table comes out (`--out FILE.md` writes it too, with every figure in FILE.json):
+
+    GPTEDGE_LLAMA_SERVER=BUILD/bin/llama-server GPTEDGE_LLAMA_CPP_SOURCE=llama_cpp_python-X.tar.gz \\
+    python benchmarks/serve_load.py WO8_DIR DYNAMIC_DIR WO4_DIR --peer llama-server [--checkpoint HF_DIR] \\
+        [--peer-recipes Q8_0,Q4_K_M] [--runs 2] [--work .cache/bench/llama-server] [--out FILE.md]
+
+llama-server is built from the llama.cpp vendored in llama-cpp-python's sdist (the version whose `llama_cpp`
+quantizes the GGUFs here):
+
+    cmake -S SDIST/vendor/llama.cpp -B BUILD -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \\
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+    cmake --build BUILD --target llama-server -j
+
+The checkpoint (default: the one the first dir's manifest was exported from; it must hold the same weights) is
+converted once to an f32 GGUF by llama.cpp's own converter and quantized once per recipe by llama.cpp
+(gptedge/peers/llama_cpp.py), under --work/CHECKPOINT-HASH, reused after. Each run starts every gptedge dir's server
+and then every recipe's `llama-server -m GGUF -t T -tb T -np B -c B*CONTEXT --host 127.0.0.1 --port P` (B: the
+same max batch gptedge gets, so each slot holds the model's whole context), waits for GET /health, sends the same
+warm-up and the same prompts as to gptedge (prompt ids, `cache_prompt: false` so a prompt repeated at the next
+client count is prefilled again, as gptedge does), and reads its peak RSS (VmHWM) the same way. The runs interleave
+(run 1: every gptedge dir, then every recipe; run 2 the same again) so drift hits both sides. The targets pair
+weight-only 8-bit with Q8_0 and weight-only 4-bit with Q4_K_M; other dirs are reported beside, not judged.
+`--peer-args='...'` appends llama-server options: `--cache-ram 0` turns off its host-memory prompt cache (on by
+default: each finished slot's KV is saved there when the slot takes a new request, and counts in its peak RSS).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import hashlib
 import json
+import math
 import os
 import platform
 import re
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER_ENV = "GPTEDGE_LLAMA_SERVER"
+BUILD_HINT = (f"set {SERVER_ENV} to a llama-server binary, built from llama-cpp-python's sdist: cmake -S "
+              "SDIST/vendor/llama.cpp -B BUILD -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF "
+              "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF && cmake --build BUILD --target llama-server -j, "
+              f"then {SERVER_ENV}=BUILD/bin/llama-server")
+# The gptedge recipe each llama.cpp recipe is judged against (column pair keys); the rest are reported beside.
+PEER_PAIRS = {"Q8_0": "weight-only 8", "Q4_K_M": "weight-only 4"}
+# The request fields only llama-server gets: without it a slot reuses the KV of a prompt it saw before (this
+# load sends prompts[0] at every client count), which gptedge never does.
+PEER_BODY = {"cache_prompt": False}
 
 
 @dataclass
@@ -43,6 +87,8 @@ class RequestTiming:
     sent: float
     chunks: list[float] = field(default_factory=list)  # arrival time of each chunk with text
     tokens: int = 0
+    counted_by: str = ""  # "usage" (the server's count), "timings" (llama-server's predicted_n) or "chunks"
+    predicted: int | None = None  # llama-server's timings.predicted_n, where its last chunk has it
 
     @property
     def ttft(self) -> float:
@@ -56,6 +102,43 @@ class RequestTiming:
     def decode_rate(self) -> float:  # tokens after the first, over the time after the first
         span = self.chunks[-1] - self.chunks[0]
         return (self.tokens - 1) / span if span > 0 else 0.0
+
+
+def read_event(timing: RequestTiming, line: str, at: float) -> None:
+    """One line of a streamed completion (server-sent events) into `timing`; `at` is when it arrived.
+
+    gptedge ends with a chunk holding only `usage` (stream_options.include_usage); llama-server sends `usage` and
+    its `timings` on its last chunk, beside an empty text, and opens with an empty-text chunk (to send the
+    headers early): neither counts as an arrival. Both hold back a token that ends inside a UTF-8 character."""
+    if not line.startswith("data: {"):
+        return  # blank separators, `data: [DONE]`
+    chunk = json.loads(line[6:])
+    if "error" in chunk:
+        raise RuntimeError(f"the stream ended in an error: {chunk['error']}")
+    if chunk.get("usage"):
+        timing.tokens, timing.counted_by = chunk["usage"]["completion_tokens"], "usage"
+    if isinstance(chunk.get("timings"), dict) and "predicted_n" in chunk["timings"]:
+        timing.predicted = chunk["timings"]["predicted_n"]
+    choices = chunk.get("choices") or []
+    if choices and choices[0].get("text"):
+        timing.chunks.append(at)
+
+
+def settle_tokens(timing: RequestTiming) -> RequestTiming:
+    """Where the stream had no usage: llama-server's predicted_n, else the chunks with text (an undercount
+    where a chunk carries two tokens)."""
+    if timing.counted_by != "usage":
+        timing.tokens, timing.counted_by = ((timing.predicted, "timings") if timing.predicted is not None
+                                            else (len(timing.chunks), "chunks"))
+    return timing
+
+
+def parse_stream(sent: float, lines: Iterable[tuple[float, str]]) -> RequestTiming:
+    """A whole recorded stream, (arrival time, line) pairs, as one request's timing."""
+    timing = RequestTiming(sent)
+    for at, line in lines:
+        read_event(timing, line, at)
+    return settle_tokens(timing)
 
 
 def start_server(model: Path, threads: int, max_batch: int, log: Path) -> tuple[subprocess.Popen, str]:
@@ -88,29 +171,23 @@ def peak_rss_mib(pid: int) -> float:
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
 
-async def one_request(http, prompt: list[int], new_tokens: int) -> RequestTiming:
+async def one_request(http, prompt: list[int], new_tokens: int, extra: dict | None = None) -> RequestTiming:
     body = {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
     timing = RequestTiming(time.perf_counter())
     async with http.stream("POST", "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                timing.tokens = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["text"]:
-                timing.chunks.append(time.perf_counter())
-    return timing
+            read_event(timing, line, time.perf_counter())
+    return settle_tokens(timing)
 
 
 async def run_clients(url: str, prompts: list[list[int]], clients: int, per_client: int,
-                      new_tokens: int) -> tuple[list[RequestTiming], float]:
+                      new_tokens: int, extra: dict | None = None) -> tuple[list[RequestTiming], float]:
     import httpx
 
     async def client(i: int, http) -> list[RequestTiming]:
-        return [await one_request(http, prompts[(i * per_client + k) % len(prompts)], new_tokens)
+        return [await one_request(http, prompts[(i * per_client + k) % len(prompts)], new_tokens, extra)
                 for k in range(per_client)]
 
     limits = httpx.Limits(max_connections=clients + 1)
@@ -125,38 +202,52 @@ def pct(values, q) -> float:
     return float(np.percentile(values, q)) * 1000 if len(values) else float("nan")
 
 
-def bench_model(model: Path, args) -> dict:
-    from gptedge.runtime import SessionConfig, load
+def load_prompts(vocab_size: int, args) -> list[list[int]]:
+    """Seeded: the same prompts for every gptedge dir and every peer."""
     from gptedge.runtime.bench import bench_prompts
+
+    return bench_prompts(vocab_size, max(args.clients) * args.requests, args.prompt)
+
+
+def measure_load(url: str, prompts: list[list[int]], args, extra: dict | None = None) -> list[dict]:
+    """The warm-up, then per client count C: C clients each sending --requests streams one after another."""
+    asyncio.run(run_clients(url, prompts, 1, 1, 8, extra))  # warm-up (and waits for the server to accept)
+    rows = []
+    for c in args.clients:
+        timings, wall = asyncio.run(run_clients(url, prompts, c, args.requests, args.new, extra))
+        gaps = [g for t in timings for g in t.gaps]
+        rows.append({"clients": c, "requests": len(timings), "tok_s": sum(t.tokens for t in timings) / wall,
+                     "ttft_p50": pct([t.ttft for t in timings], 50), "ttft_p99": pct([t.ttft for t in timings], 99),
+                     "itl_p50": pct(gaps, 50), "itl_p99": pct(gaps, 99),
+                     "decode_rate": float(np.median([t.decode_rate for t in timings])),
+                     "tokens": [t.tokens for t in timings], "counted_by": sorted({t.counted_by for t in timings})})
+    return rows
+
+
+def bench_model(model: Path, args, in_process: bool = True) -> dict:
+    from gptedge.runtime import SessionConfig, load
     from gptedge.runtime.compare import graph_size
     from gptedge.runtime.manifest import read_manifest
 
     manifest = read_manifest(model)
-    n_prompts = max(args.clients) * args.requests
-    prompts = bench_prompts(manifest.shape.vocab_size, n_prompts, args.prompt)
-    loaded = load(model, device="cpu", session=SessionConfig(threads=args.threads))
-    loaded.generate(prompts[0], 8, greedy=True, ignore_eos=True)  # warm-up
-    solo = [loaded.generate(p, args.new, greedy=True, ignore_eos=True).tokens_per_s for p in prompts[:3]]
-    del loaded
+    prompts = load_prompts(manifest.shape.vocab_size, args)
+    solo = None
+    if in_process:  # --peer leaves it out: the comparison is between servers
+        loaded = load(model, device="cpu", session=SessionConfig(threads=args.threads))
+        loaded.generate(prompts[0], 8, greedy=True, ignore_eos=True)  # warm-up
+        solo = [loaded.generate(p, args.new, greedy=True, ignore_eos=True).tokens_per_s for p in prompts[:3]]
+        del loaded
     size_mib = graph_size(model, manifest.model_file) / 2**20
 
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(model, args.threads, args.max_batch, Path(tmp) / "serve.log")
         try:
-            asyncio.run(run_clients(url, prompts, 1, 1, 8))  # warm-up (and waits for the server to accept)
-            rows = []
-            for c in args.clients:
-                timings, wall = asyncio.run(run_clients(url, prompts, c, args.requests, args.new))
-                gaps = [g for t in timings for g in t.gaps]
-                rows.append({"clients": c, "requests": len(timings), "tok_s": sum(t.tokens for t in timings) / wall,
-                             "ttft_p50": pct([t.ttft for t in timings], 50), "ttft_p99": pct([t.ttft for t in timings], 99),
-                             "itl_p50": pct(gaps, 50), "itl_p99": pct(gaps, 99),
-                             "decode_rate": float(np.median([t.decode_rate for t in timings]))})
+            rows = measure_load(url, prompts, args)
             rss = peak_rss_mib(proc.pid)
         finally:
             stop_server(proc)
-    return {"model": str(model), "precision": manifest.precision, "rows": rows, "generate_tok_s": float(np.median(solo)),
-            "peak_rss_mib": rss, "size_mib": size_mib}
+    return {"model": str(model), "precision": manifest.precision, "rows": rows,
+            "generate_tok_s": float(np.median(solo)) if solo else None, "peak_rss_mib": rss, "size_mib": size_mib}
 
 
 def report(result: dict) -> None:
@@ -183,6 +274,366 @@ def report(result: dict) -> None:
         print(f"- {name}: {'met' if ok else 'missed'}")
 
 
+# --- --peer llama-server: the same load against llama.cpp's own server -------------------------------------------
+
+
+def llama_server_binary() -> Path:
+    where = os.environ.get(SERVER_ENV)
+    if not where:
+        raise SystemExit(f"--peer llama-server: {BUILD_HINT}")
+    binary = Path(where).expanduser()
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise SystemExit(f"--peer llama-server: {SERVER_ENV}={where} is not an executable file; {BUILD_HINT}")
+    return binary
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def recorded_weights(source) -> tuple[str | None, str | None]:
+    """The weights file name and SHA-256 a manifest's source records (a quantized dir's through its fp32 dir)."""
+    while source is not None:
+        if source.sha256:
+            return source.weights, source.sha256
+        source = source.fp32_source
+    return None, None
+
+
+def checkpoint_work(checkpoint: Path, manifests: dict, work: Path) -> Path:
+    """Where this checkpoint's GGUFs live: work/NAME-HASH, the hash over its files, so a different checkpoint (or
+    this one rewritten) is converted afresh rather than served from a stale GGUF. A checkpoint whose weights are not
+    the ones a gptedge dir records is refused: the two sides must serve the same weights."""
+    digests = {f.name: sha256_file(f) for f in sorted(checkpoint.iterdir()) if f.is_file()}
+    for model, manifest in manifests.items():
+        weights, recorded = recorded_weights(manifest.source)
+        if recorded and weights not in digests:
+            raise SystemExit(f"--checkpoint {checkpoint}: no {weights}, the weights {model} was exported from")
+        if recorded and digests[weights] != recorded:
+            raise SystemExit(f"--checkpoint {checkpoint}: its {weights} is not the file {model} was exported from "
+                             f"(SHA-256 {recorded[:12]}...)")
+    key = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:12]
+    return work / f"{checkpoint.name}-{key}"
+
+
+def peer_gguf(checkpoint: Path, recipe: str, work: Path, threads: int) -> Path:
+    """work/model-RECIPE.gguf, made once with llama.cpp's converter and quantizer; each is made in a temporary dir
+    and renamed into place, so an interrupted conversion never leaves a GGUF to be reused."""
+    from gptedge.peers.llama_cpp import convert_to_gguf, quantize_gguf
+
+    work.mkdir(parents=True, exist_ok=True)
+    f32, final = work / "model-f32.gguf", work / f"model-{recipe}.gguf"
+    if not f32.exists():
+        print(f"converting {checkpoint} to {f32}", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(dir=work, prefix=".convert-") as tmp:
+            os.replace(convert_to_gguf(checkpoint, Path(tmp)), f32)
+    if recipe == "F32" or final.exists():
+        return f32 if recipe == "F32" else final
+    print(f"quantizing {f32.name} to {recipe}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(dir=work, prefix=".quantize-") as tmp:
+        staged = Path(tmp) / f32.name  # quantize_gguf writes beside its input
+        staged.symlink_to(f32.resolve())
+        os.replace(quantize_gguf(staged, recipe, threads), final)
+    return final
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_server_command(binary: Path, gguf: Path | str, args, context: int, port: int | str) -> list[str]:
+    """The issue's command line: -np the max batch gptedge gets, each slot the model's whole context."""
+    return [str(binary), "-m", str(gguf), "-t", str(args.threads), "-tb", str(args.threads),
+            "-np", str(args.max_batch), "-c", str(args.max_batch * context), "--host", "127.0.0.1",
+            "--port", str(port), *args.peer_args]
+
+
+def start_llama_server(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
+    import httpx
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:  # 503 while the model loads
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    stop_server(proc)
+    raise SystemExit(f"llama-server did not become healthy ({shlex.join(cmd)}):\n"
+                     + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+
+
+def bench_peer(binary: Path, gguf: Path, vocab_size: int, context: int, args) -> dict:
+    import httpx
+
+    prompts = load_prompts(vocab_size, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = start_llama_server(llama_server_command(binary, gguf, args, context, port), url, Path(tmp) / "log")
+        try:
+            meta = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0].get("meta", {})
+            if meta.get("n_vocab", vocab_size) != vocab_size:
+                raise SystemExit(f"{gguf} has {meta['n_vocab']} tokens, the gptedge dirs {vocab_size}")
+            rows = measure_load(url, prompts, args, PEER_BODY)
+            rss = peak_rss_mib(proc.pid)
+        finally:
+            stop_server(proc)
+    return {"model": str(gguf), "rows": rows, "peak_rss_mib": rss, "size_mib": gguf.stat().st_size / 2**20}
+
+
+# --- the comparison report (pure: tests build it from result dicts) ------------------------------------------------
+
+
+@dataclass
+class Column:
+    name: str  # the table's heading
+    side: str  # "gptedge" or "llama-server"
+    pair: str | None  # what pairs it with a column of the other side ("weight-only 8"); None: reported beside
+    path: str  # the model dir or GGUF
+    runs: list[dict] = field(default_factory=list)  # one result (bench_model / bench_peer) per run
+
+
+def gptedge_column(model: Path | str, manifest) -> Column:
+    """Named from the manifest: its quantization method (and bits for weight-only), else its precision."""
+    q = manifest.quantization
+    kind = manifest.precision if q is None else f"weight-only {q.bits}" if q.method == "weight-only" else q.method
+    name = f"gptedge {kind}" + (" fp16" if q is not None and q.float16 else "")
+    if manifest.kv_cache != "fp32":
+        name += f" kv {manifest.kv_cache}"
+    return Column(name, "gptedge", kind if kind in PEER_PAIRS.values() else None, str(model))
+
+
+def peer_column(recipe: str, gguf: Path | str) -> Column:
+    return Column(f"llama-server {recipe}", "llama-server", PEER_PAIRS.get(recipe), str(gguf))
+
+
+def order_columns(ours: list[Column], peers: list[Column]) -> list[Column]:
+    """gptedge's in the order given, each paired recipe right after its first gptedge column, the rest last;
+    a name two dirs share gets the dir's name after it."""
+    names = [c.name for c in ours]
+    for c in ours:
+        if names.count(c.name) > 1:
+            c.name += f" ({Path(c.path).name})"
+    ordered, left = [], list(peers)
+    for c in ours:
+        ordered.append(c)
+        ordered += [p for p in left if p.pair and p.pair == c.pair]
+        left = [p for p in left if p not in ordered]
+    return ordered + left
+
+
+def latency_clients(clients: list[int]) -> list[int]:
+    return [c for c in (8, 16) if c in clients] or [max(clients)]
+
+
+def table_rows(clients: list[int]) -> list[tuple[str, str, int | None, str]]:
+    """(label, result key, client count or None for a whole-run figure, format) per row."""
+    rows = [(f"{c}: tok/s", "tok_s", c, "{:.1f}") for c in clients]
+    lat = latency_clients(clients)
+    rows += [(f"{c}: TTFT p99 ms", "ttft_p99", c, "{:.1f}") for c in lat]
+    rows += [(f"{c}: inter-token p99 ms", "itl_p99", c, "{:.2f}") for c in lat]
+    if 1 in clients and 1 not in lat:
+        rows.append(("1: inter-token p99 ms", "itl_p99", 1, "{:.2f}"))
+    return rows + [("peak RSS MiB", "peak_rss_mib", None, "{:.0f}"), ("model file MiB", "size_mib", None, "{:.1f}")]
+
+
+def figure(run: dict, key: str, clients: int | None) -> float:
+    if clients is None:
+        return run[key]
+    return next((r[key] for r in run["rows"] if r["clients"] == clients), float("nan"))
+
+
+def build_table(columns: list[Column], clients: list[int]) -> list[str]:
+    lines = ["| clients | " + " | ".join(c.name for c in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for label, key, n, fmt in table_rows(clients):
+        cells = [" / ".join(fmt.format(figure(run, key, n)) for run in c.runs) or "-" for c in columns]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def verdict(what: str, mine: list[float], theirs: list[float], factor: float, higher: bool) -> str:
+    """One target line: met or missed on the means of the runs, each run's ratio, and whether the runs disagree."""
+    if not mine or any(math.isnan(v) for v in [*mine, *theirs]):
+        return f"- {what}: not measured"
+
+    def met(a: float, b: float) -> bool:
+        return a >= factor * b if higher else a <= factor * b
+
+    a, b = float(np.mean(mine)), float(np.mean(theirs))
+    runs = [met(x, y) for x, y in zip(mine, theirs)]
+    ratios = ", ".join(f"{x / y:.2f}x" if y else "-" for x, y in zip(mine, theirs))
+    line = (f"- {what}: **{'met' if met(a, b) else 'missed'}**: {a:.2f} vs {b:.2f} "
+            f"({a / b:.2f}x; {'>=' if higher else '<='} {factor:g}x wanted), mean of {len(mine)} run(s); "
+            f"per run {ratios}")
+    if len(set(runs)) > 1:
+        line += "; **runs disagree**: " + ", ".join(f"run {i} {'met' if r else 'missed'}"
+                                                     for i, r in enumerate(runs, start=1))
+    return line
+
+
+def judge(columns: list[Column], clients: list[int]) -> list[str]:
+    """Each paired gptedge column against its llama-server recipe, and its own 8-client vs 1-client latency."""
+    lines = []
+    for ours in (c for c in columns if c.side == "gptedge" and c.pair):
+        peers = [p for p in columns if p.side != "gptedge" and p.pair == ours.pair]
+        lines.append(f"{ours.name} vs {', '.join(p.name for p in peers) or 'no paired recipe (--peer-recipes)'}:")
+
+        def series(col: Column, key: str, n: int | None) -> list[float]:
+            return [figure(run, key, n) for run in col.runs]
+
+        for p in peers:
+            targets = [("1 client tok/s", "tok_s", 1, 1.1, True)]
+            targets += [(f"{n} clients tok/s", "tok_s", n, 1.5, True) for n in (8, 16)]
+            targets += [(f"{n} clients TTFT p99", "ttft_p99", n, 1.0, False) for n in (8, 16)]
+            targets += [(f"{n} clients inter-token p99", "itl_p99", n, 1.0, False) for n in (8, 16)]
+            targets.append(("peak RSS", "peak_rss_mib", None, 0.7, False))
+            for what, key, n, factor, higher in targets:
+                if n is not None and n not in clients:
+                    lines.append(f"- {what} vs {p.name}: not measured (--clients has no {n})")
+                    continue
+                lines.append(verdict(f"{what} vs {p.name}", series(ours, key, n), series(p, key, n), factor, higher))
+        if 1 in clients and 8 in clients:
+            lines.append(verdict("its own inter-token p99, 8 clients vs 1", series(ours, "itl_p99", 8),
+                                 series(ours, "itl_p99", 1), 2.0, False))
+        else:
+            lines.append("- its own inter-token p99, 8 clients vs 1: not measured (--clients needs 1 and 8)")
+    return lines or ["no gptedge weight-only 8- or 4-bit dir given: nothing judged"]
+
+
+def token_notes(columns: list[Column], new: int) -> list[str]:
+    """Whether every request of every server returned --new tokens, and who counted them."""
+    lines = []
+    for c in columns:
+        for i, run in enumerate(c.runs, start=1):
+            got = [t for row in run["rows"] for t in row["tokens"]]
+            by = sorted({b for row in run["rows"] for b in row["counted_by"]})
+            off = [t for t in got if t != new]
+            lines.append(f"- {c.name}, run {i}: {len(got)} requests, "
+                         + (f"all {new} tokens" if not off else f"**{len(off)} not {new}**: {sorted(set(off))}")
+                         + f" (counted by {', '.join(by)})")
+    return lines
+
+
+NOTES = [
+    ("- Same prompts (seeded ids) and the same warm-up (one 8-token request) on both sides; each server is a fresh "
+    "process per run; peak RSS is the server process's VmHWM after the load (llama-server mmaps its GGUF: the pages "
+    "it touched count, as gptedge's loaded weights do)."),
+    ("- llama-server's requests carry `cache_prompt: false`: a slot never reuses the KV of a prompt seen before "
+    "(this load repeats prompts across client counts; gptedge has no prefix cache)."),
+    ("- llama-server keeps its host-memory prompt cache (`--cache-ram`, default 8192 MiB: idle slots' KV states are "
+    "saved there) unless its command above has `--cache-ram 0`; what it holds counts in its peak RSS."),
+    ("- Token counts are each server's own (`usage.completion_tokens`); inter-token gaps are between chunks with "
+    "text, and both servers hold back a token that ends inside a UTF-8 character, so both err high alike."),
+]
+
+
+def render_report(facts: list[str], columns: list[Column], clients: list[int], new: int) -> str:
+    runs = max((len(c.runs) for c in columns), default=0)
+    lines = ["# gptedge serve vs llama-server: streaming load", "", *facts, "", "## Servers", ""]
+    lines += [f"- {c.name}: `{c.path}`" for c in columns]
+    lines += ["", f"## Load (cells: {' / '.join(f'run {i}' for i in range(1, runs + 1)) or 'no runs'})", ""]
+    lines += build_table(columns, clients)
+    lines += ["", "## Targets (means of the runs; weight-only 8-bit vs Q8_0, weight-only 4-bit vs Q4_K_M)", ""]
+    lines += judge(columns, clients)
+    lines += ["", "## Tokens per request", "", *token_notes(columns, new), "", "## Notes", "", *NOTES]
+    return "\n".join(lines) + "\n"
+
+
+def machine_facts(args, binary: Path, context: int) -> list[str]:
+    import importlib.metadata
+
+    import onnxruntime
+
+    from gptedge import __version__
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    cpu = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    isa = [(f, f in flags) for f in ("avx2", "avx512f", "avx512_vnni")]
+    isa.append(("amx", any(f.startswith("amx") for f in flags)))  # amx_tile, amx_int8, amx_bf16
+    try:
+        llama_py = importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        llama_py = "absent"
+    built = subprocess.run([str(binary), "--version"], check=False, capture_output=True, text=True, timeout=60)
+    build = "; ".join(line.strip() for line in (built.stdout + built.stderr).splitlines()
+                      if line.startswith(("version", "built with"))) or "unknown"
+    return [f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+            f"- command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`",
+            f"- CPU: {cpu}; {os.cpu_count()} logical CPUs; ISA: "
+            + ", ".join(f"{name} {'yes' if have else 'no'}" for name, have in isa),
+            (f"- python {platform.python_version()}, onnxruntime {onnxruntime.__version__}, gptedge {__version__}, "
+            f"llama-cpp-python {llama_py}, llama.cpp {build}"),
+            (f"- load: prompt {args.prompt} ids, new {args.new} (greedy, ignore_eos), {args.requests} requests per "
+            f"client, clients {','.join(map(str, args.clients))}, {args.runs} runs interleaved"),
+            f"- gptedge: `gptedge serve DIR --threads {args.threads} --max-batch {args.max_batch} --max-queue 256`",
+            f"- llama-server: `{shlex.join(llama_server_command(binary, 'GGUF', args, context, 'PORT'))}`"]
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def compare_with_peer(args) -> None:
+    from gptedge.peers.llama_cpp import FTYPES
+    from gptedge.runtime.manifest import read_manifest
+
+    binary = llama_server_binary()
+    bad = [r for r in args.peer_recipes if r not in FTYPES]
+    if bad:
+        raise SystemExit(f"--peer-recipes: {', '.join(bad)}: choose from {', '.join(FTYPES)}")
+    manifests = {m: read_manifest(m) for m in args.models}
+    shapes = {(m.shape.vocab_size, m.shape.context_length) for m in manifests.values()}
+    if len(shapes) > 1:
+        raise SystemExit("the gptedge dirs differ in vocabulary or context: they must come from one checkpoint")
+    (vocab_size, context), = shapes
+    recorded = manifests[args.models[0]].source.checkpoint
+    checkpoint = args.checkpoint or (Path(recorded) if recorded else None)
+    if checkpoint is None or not (checkpoint / "config.json").is_file():
+        why = "not recorded in the manifest" if checkpoint is None else f"{checkpoint} has no config.json"
+        raise SystemExit(f"--peer llama-server needs --checkpoint HF_DIR, the checkpoint the dirs were exported from "
+                         f"({why})")
+    work = checkpoint_work(checkpoint, manifests, args.work)
+    ggufs = {r: peer_gguf(checkpoint, r, work, args.threads) for r in args.peer_recipes}
+    ours = [gptedge_column(m, manifests[m]) for m in args.models]
+    peers = [peer_column(r, ggufs[r]) for r in args.peer_recipes]
+    columns = order_columns(ours, peers)
+    facts = machine_facts(args, binary, context)
+    for run in range(1, args.runs + 1):
+        for col, model in zip(ours, args.models, strict=True):
+            print(f"run {run}/{args.runs}: {col.name}", file=sys.stderr, flush=True)
+            col.runs.append(bench_model(model, args, in_process=False))
+        for col, recipe in zip(peers, args.peer_recipes, strict=True):
+            print(f"run {run}/{args.runs}: {col.name}", file=sys.stderr, flush=True)
+            col.runs.append(bench_peer(binary, ggufs[recipe], vocab_size, context, args))
+        text = render_report(facts, columns, args.clients, args.new)
+        if args.out:  # after every run, so a long session that dies keeps the runs it finished
+            write_atomic(args.out, text)
+            write_atomic(args.out.with_suffix(".json"), json.dumps([asdict(c) for c in columns], indent=1) + "\n")
+    print(text, end="")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+", type=Path)
@@ -192,14 +643,36 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="Requests each client sends, one after another.")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (server and generate).")
     ap.add_argument("--max-batch", type=int, default=None, help="Server's --max-batch (default: the most clients).")
+    peer = ap.add_argument_group("--peer llama-server")
+    peer.add_argument("--peer", choices=["llama-server"], help="Run the same load against this server too.")
+    peer.add_argument("--checkpoint", type=Path, help="The HF checkpoint the dirs came from (default: the manifest's).")
+    peer.add_argument("--peer-recipes", default=None, help="llama.cpp quantizations (default Q8_0,Q4_K_M).")
+    peer.add_argument("--peer-args", default=None,
+                      help="More llama-server options, one string: --peer-args='--cache-ram 0'.")
+    peer.add_argument("--runs", type=int, default=None, help="Interleaved runs (default 2).")
+    peer.add_argument("--work", type=Path, default=None, help="GGUFs, reused (default .cache/bench/llama-server).")
+    peer.add_argument("--out", type=Path, help="Also write the report here (and every figure in FILE.json).")
     args = ap.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     args.max_batch = args.max_batch or max(args.clients)
-    print(f"serve_load: prompt {args.prompt}, new {args.new} (greedy, ignore_eos), {args.requests} requests per "
-          f"client, server --max-batch {args.max_batch} --threads {args.threads}; "
-          f"{platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}")
-    for model in args.models:
-        report(bench_model(model, args))
+    if args.peer is None:
+        given = [f"--{k.replace('_', '-')}" for k in ("checkpoint", "peer_recipes", "peer_args", "runs", "work", "out")
+                 if getattr(args, k) is not None]
+        if given:
+            ap.error(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --peer llama-server")
+        print(f"serve_load: prompt {args.prompt}, new {args.new} (greedy, ignore_eos), {args.requests} requests per "
+              f"client, server --max-batch {args.max_batch} --threads {args.threads}; "
+              f"{platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}")
+        for model in args.models:
+            report(bench_model(model, args))
+        return
+    args.peer_recipes = [r.strip() for r in (args.peer_recipes or "Q8_0,Q4_K_M").split(",") if r.strip()]
+    args.peer_args = shlex.split(args.peer_args or "")
+    args.runs = args.runs if args.runs is not None else 2
+    args.work = args.work or ROOT / ".cache" / "bench" / "llama-server"
+    if args.runs < 1:
+        ap.error("--runs must be >= 1")
+    compare_with_peer(args)
 
 
 if __name__ == "__main__":
