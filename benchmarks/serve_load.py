@@ -190,7 +190,10 @@ async def run_clients(url: str, prompts: list[list[int]], clients: int, per_clie
         return [await one_request(http, prompts[(i * per_client + k) % len(prompts)], new_tokens, extra)
                 for k in range(per_client)]
 
-    limits = httpx.Limits(max_connections=clients + 1)
+    # A fresh connection per request, for every server alike: llama-server may close an idle keep-alive connection
+    # just as the client reuses it ("Server disconnected without sending a response"); a loopback connect costs
+    # ~0.1 ms against first tokens of tens of ms.
+    limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         started = time.perf_counter()
         done = await asyncio.gather(*(client(i, http) for i in range(clients)))
@@ -384,7 +387,12 @@ def bench_peer(binary: Path, gguf: Path, vocab_size: int, context: int, args) ->
             meta = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0].get("meta", {})
             if meta.get("n_vocab", vocab_size) != vocab_size:
                 raise SystemExit(f"{gguf} has {meta['n_vocab']} tokens, the gptedge dirs {vocab_size}")
-            rows = measure_load(url, prompts, args, PEER_BODY)
+            try:
+                rows = measure_load(url, prompts, args, PEER_BODY)
+            except httpx.HTTPError as e:  # the server died or hung up mid-load: say why, from its own log
+                log_tail = "\n".join((Path(tmp) / "log").read_text(errors="replace").splitlines()[-20:])
+                raise SystemExit(f"llama-server failed under the load ({type(e).__name__}: {e}; exit code "
+                                 f"{proc.poll()}); the end of its log:\n{log_tail}") from None
             rss = peak_rss_mib(proc.pid)
         finally:
             stop_server(proc)

@@ -170,9 +170,11 @@ def mark_dominated(rows: list[CompareRow]) -> None:
         row.dominated_by = [rows[j].model for j in by]
 
 
-def markdown_table(rows: list[CompareRow], tokens: int, text_name: str) -> str:
-    """The table (peers marked in the engine column), and which rows the frontier leaves dominated."""
-    lines = [f"Compared on {text_name} ({tokens:,} tokens); reference: {Path(rows[0].model).name}", "",
+def markdown_table(rows: list[CompareRow], tokens: int, text_name: str, greedy: str = "") -> str:
+    """The table (peers marked in the engine column), and which rows the frontier leaves dominated; `greedy`
+    says what the greedy columns ran (e.g. "8 prompts x (896 + 128) tokens")."""
+    lines = [f"Compared on {text_name} ({tokens:,} tokens); reference: {Path(rows[0].model).name}"
+             + (f"; greedy agreement and decode tok/s over {greedy}" if greedy else ""), "",
              "| model | method | size MB | perplexity | Δ ppl % | top-1 agree | KL(ref‖model) | greedy agree | decode tok/s "
              "| engine | dominated by |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]

@@ -228,10 +228,13 @@ def test_compare_passes_every_option(runner, monkeypatch, captured_load, gpt2_mo
     (tmp_path / "t.txt").write_text("Hello world, it is a truth universally acknowledged " * 20, encoding="utf-8")
     result = runner.invoke(main, ["compare", str(gpt2_model_dir), str(gpt2_model_dir), "--text",
                                   str(tmp_path / "t.txt"), "--prompts", "2", "--new-tokens", "3", "--max-tokens", "40",
-                                  "--device", "cpu", "--threads", "1", "--json"])
+                                  "--prompt-tokens", "9", "--device", "cpu", "--threads", "1", "--json"])
     assert result.exit_code == 0, result.output
     (models, ids), kw = run.calls[0]
     assert len(models) == 2 and len(ids) == 40 and kw["prompts"] == 2 and kw["new_tokens"] == 3
+    assert kw["prompt_length"] == 9
+    proxy = captured_load[1]
+    assert {len(a[0]) for a, _ in proxy.generate.calls} == {9}  # the greedy prompts are 9 tokens long
     assert [c[1]["device"] for c in load.calls] == ["cpu", "cpu"] and load.calls[0][1]["session"].threads == 1
     assert len(json.loads(result.stdout)) == 2
     _, proxy = captured_load  # greedy agreement / tok/s: ids only, as the peers' loops (no text decoding timed)

@@ -105,3 +105,12 @@ def test_a_failed_group_prefill_fails_its_requests_and_loses_none(gpt2_kv_buffer
     got, _ = _run(model, requests, budget=64, fail_groups=True)
     for c in got:
         assert c.last.finish_reason is FinishReason.ERROR and "injected prefill failure" in c.last.error
+
+
+@pytest.mark.parametrize("spin", [True, False])
+def test_session_spin_setting_reaches_onnx_runtime(gpt2_kv_buffer_loaded, spin):
+    from gptedge.runtime import SessionConfig, load
+
+    model = load(gpt2_kv_buffer_loaded.model_dir, device="cpu", session=SessionConfig(threads=1, spin=spin))
+    options = model.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spin else "0")

@@ -131,6 +131,23 @@ def test_serve_pool_decodes_with_a_quantized_cache(loaded):
         assert got == want, cache
 
 
+def test_serve_pool_prefills_a_group_with_a_quantized_cache(loaded):
+    """Two newcomers prefilled in one run (left-padded to the longer), then decoded together: generate's greedy ids
+    for each."""
+    prompts = [[464, 3290, 373, 257, 1110], [40, 716]]
+    for cache in ("int8", "int4"):
+        model = loaded[cache]
+        want = [model.generate_batch([p], 10, greedy=True, ignore_eos=True, with_text=False)[0].ids for p in prompts]
+        pool = model.variant.sequence_pool(2, 64)
+        tokens = pool.prefill_group([0, 1], prompts).argmax(-1)
+        got = [[int(t)] for t in tokens]
+        for _ in range(9):
+            tokens = pool.step([0, 1], tokens).argmax(-1)
+            for ids, t in zip(got, tokens):
+                ids.append(int(t))
+        assert got == want, cache
+
+
 def test_scales_are_the_calibrated_max_over_qmax(cache_dirs, loaded):
     from gptedge.quantize import kv_cache as kv
 

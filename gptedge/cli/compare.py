@@ -35,6 +35,9 @@ from .options import (CommaChoice, count, device_option, diag, import_extra, pee
               help="--labelled: timed passes per batch size (the median is reported).")
 @click.option("--prompts", default=8, show_default=True, type=count(1), help="Greedy agreement: number of prompts.")
 @click.option("--new-tokens", default=32, show_default=True, type=count(1), help="Greedy agreement: tokens per prompt.")
+@click.option("--prompt-tokens", default=32, show_default=True, type=count(1),
+              help="Greedy agreement and decode tok/s: prompt tokens (from the text); 896 with --new-tokens 128 "
+                   "times decoding at a long context (capped at the context minus --new-tokens).")
 @click.option("--max-tokens", default=None, type=count(2), help="Use only the first N (>= 2) tokens of the text.")
 @click.option("--peers", default="", type=CommaChoice(compare_names),
               help="Comma list of peer engines that quantize REF's HF checkpoint their own way and are scored on the "
@@ -51,8 +54,8 @@ from .options import (CommaChoice, count, device_option, diag, import_extra, pee
               help="Also draw size vs Δppl, size vs speed and the KL vs tok/s frontier (PNG).")
 @click.pass_context
 def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: str | None,
-            labelled_file: str | None, repeats: int, prompts: int, new_tokens: int, max_tokens: int | None,
-            peers: list[str], source: str | None, device: str, threads: int, as_json: bool, markdown: str | None,
+            labelled_file: str | None, repeats: int, prompts: int, new_tokens: int, prompt_tokens: int,
+            max_tokens: int | None, peers: list[str], source: str | None, device: str, threads: int, as_json: bool, markdown: str | None,
             plot: str | None) -> None:
     """Compare MODELS (and peer engines) against REF on one text: size, perplexity, agreement, KL, speed.
 
@@ -98,9 +101,11 @@ def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: st
     with opened as (scorers, skipped):
         for line in skipped:
             diag(line)
-        rows = run_compare(loaded, ids, prompts=prompts, new_tokens=new_tokens, progress=progress("comparing"),
-                           peers=scorers)
-    table = markdown_table(rows, len(ids), text_file)
+        rows = run_compare(loaded, ids, prompts=prompts, new_tokens=new_tokens, prompt_length=prompt_tokens,
+                           progress=progress("comparing"), peers=scorers)
+    context = min([m.manifest.shape.context_length for m in loaded])
+    table = markdown_table(rows, len(ids), text_file,
+                           f"{prompts} prompts x ({min(prompt_tokens, context - new_tokens - 1)} + {new_tokens}) tokens")
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
