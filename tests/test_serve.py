@@ -26,6 +26,7 @@ NAME = "tiny"
 MAX_BATCH, MAX_QUEUE = 4, 24
 CONTEXT = 512  # room for a generation long enough that a client surely leaves before it ends
 TOKENS_LIMIT = CONTEXT - 8  # --max-tokens-limit: above every test's own max_tokens
+PREFILL_BUDGET = 8  # prompt positions per prefill run: most test prompts are longer (chunked), a few shorter (grouped)
 
 
 class Server:
@@ -96,11 +97,17 @@ def solo(serve_model_dir):
 def server(serve_model_dir, tmp_path_factory):
     s = start_server(serve_model_dir, tmp_path_factory.mktemp("log") / "serve.log", "--api-key", KEY,
                      "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE), "--host", "127.0.0.1",
-                     "--device", "cpu", "--max-tokens-limit", str(TOKENS_LIMIT))
+                     "--device", "cpu", "--max-tokens-limit", str(TOKENS_LIMIT),
+                     # a small budget: short prompts prefilled in groups, longer ones alone in chunks, both paths served
+                     "--prefill-budget", str(PREFILL_BUDGET), "--spin")
     try:
         yield s
     finally:
         stop_server(s.proc)
+
+
+def test_startup_line_states_the_prefill_budget(server):
+    assert f"prefill budget {PREFILL_BUDGET}," in server.log.read_text()
 
 
 @pytest.fixture()
