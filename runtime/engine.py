@@ -6,9 +6,9 @@ decode step of the running batch, so a running row waits at most one prefill run
 many newcomers as have rows and fit the budget (k prompts padded to the longest: k x longest <=
 prefill_chunk; a burst of short prompts costs one run, not one each), or the next chunk of one
 prompt too long for the budget alone. Newcomers join the running batch at the step boundary; a
-sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes every joined sequence at once
-through the graph variant's sequence pool. Token selection, stop handling and text streaming are
-generate()'s own (`generation.SequenceState`), so a request gets the tokens `generate` gives for
+sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes
+every joined sequence at once through the graph variant's sequence pool. Token selection, stop
+handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets the tokens `generate` gives for
 the same prompt and settings whatever else is in the batch (fp32; INT8 within its batch
 invariance). Events reach the caller through its callback, on the engine thread: keep it short
 (the HTTP layer hands them to its event loop).
@@ -225,7 +225,7 @@ class Engine:
 
     def _unfinished(self) -> int:
         """Requests waiting, prefilling or running (the caller holds the lock)."""
-        return len(self._waiting) + len(self._running) + (self._prefilling is not None)
+        return len(self._waiting) + len(self._group) + len(self._running) + (self._prefilling is not None)
 
     def _deadline_passed(self) -> bool:
         return self._deadline is not None and time.perf_counter() >= self._deadline

@@ -55,8 +55,8 @@ from .options import (CommaChoice, count, device_option, diag, import_extra, pee
 @click.pass_context
 def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: str | None,
             labelled_file: str | None, repeats: int, prompts: int, new_tokens: int, prompt_tokens: int,
-            max_tokens: int | None, peers: list[str], source: str | None, device: str, threads: int, as_json: bool, markdown: str | None,
-            plot: str | None) -> None:
+            max_tokens: int | None, peers: list[str], source: str | None, device: str, threads: int, as_json: bool,
+            markdown: str | None, plot: str | None) -> None:
     """Compare MODELS (and peer engines) against REF on one text: size, perplexity, agreement, KL, speed.
 
     Classifier dirs (export --task, and quantize of one) are compared on --labelled FILE.jsonl instead: accuracy,
@@ -104,8 +104,8 @@ def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: st
         rows = run_compare(loaded, ids, prompts=prompts, new_tokens=new_tokens, prompt_length=prompt_tokens,
                            progress=progress("comparing"), peers=scorers)
     context = min([m.manifest.shape.context_length for m in loaded])
-    table = markdown_table(rows, len(ids), text_file,
-                           f"{prompts} prompts x ({min(prompt_tokens, context - new_tokens - 1)} + {new_tokens}) tokens")
+    greedy = f"{prompts} prompts x ({min(prompt_tokens, context - new_tokens - 1)} + {new_tokens}) tokens"
+    table = markdown_table(rows, len(ids), text_file, greedy)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:

@@ -90,8 +90,9 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--web", default="auto", show_default=True,
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
-def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, spin: bool, max_queue: int, max_tokens_limit: int | None,
-          api_key: str | None, model_name: str | None, threads: int, device: str, shutdown_timeout: float,
+def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, spin: bool, max_queue: int,
+          max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
+          shutdown_timeout: float,
           web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int, max_examples: int,
           batch_wait: float) -> None:
     """Serve MODEL (default: the shipped sample model) over OpenAI's completions API: /v1/completions
@@ -117,8 +118,8 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
                                  param_hint="'--max-tokens-limit'")
     with page.web_model(Path(model), loaded.manifest, web) as (web_dir, unavailable):  # a temporary pack: removed after
         routes = page.playground_routes(page.Playground(name, bool(api_key), web_dir, unavailable))
-        _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, max_queue, max_tokens_limit or context, api_key,
-             shutdown_timeout, routes, unavailable, limits)
+        _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, max_queue,
+             max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable, limits)
 
 
 def _serve_classifier(uvicorn, app, model: str, name: str, host: str, port: int, max_queue: int, api_key: str | None,
