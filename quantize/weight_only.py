@@ -7,6 +7,7 @@ recipe.quantize_head); the embedding gathers rows of the same blocks and dequant
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -84,16 +85,31 @@ def _embedding(r: Rewrite, node: onnx.NodeProto, weight: list[str], bits: int, n
            [out], f"{name}.reshape")
 
 
+LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # per block, as the exporter names them
+
+
+def linear_names(n_layer: int) -> list[str]:
+    """The blocks' linears as --keep-8bit patterns match them: h.0.attn.c_attn ... h.{n_layer-1}.mlp.c_proj."""
+    return [f"h.{i}.{kind}" for i in range(n_layer) for kind in LINEARS]
+
+
+def kept_at_8bit(name: str, patterns: tuple[str, ...]) -> bool:
+    """A linear's name (its weight's, less `.weight`) matches one of the keep-8-bit patterns."""
+    return any(fnmatchcase(name, p) for p in patterns)
+
+
 def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_level: int = 0, bits: int = 8,
                         symmetric: bool = True, embedding_bits: int | None = None, base_dir: Path | None = None,
-                        quantize_head: bool = True) -> tuple[onnx.ModelProto, dict[str, str]]:
+                        quantize_head: bool = True,
+                        keep_8bit: tuple[str, ...] = ()) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Linear MatMuls and the LM head -> MatMulNBits (`bits`-bit blocks along K, activations stay float).
 
     The tied embedding is stored once in MatMulNBits' layout, at `embedding_bits` (default: `bits`):
     8-bit (V, C/bs, bs) uint8, or 4-bit (V, C/bs, bs/2) two per byte; the embedding gathers rows of it,
     unpacks nibbles with BitShift where 4-bit, and dequantizes them with plain ops. 8-bit blocks are
     always symmetric (zero point 128); `symmetric` applies to the 4-bit ones. base_dir: the model's
-    directory, where its external data (if any) is read from.
+    directory, where its external data (if any) is read from. keep_8bit: patterns of linears stored at
+    8 bits in a 4-bit rewrite (mixed precision; each still one MatMulNBits node, bits=8).
     """
     embedding_bits = embedding_bits or bits
     r = Rewrite(model, base_dir)
@@ -117,10 +133,12 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
             r.quantized[node.name] = f"MatMulNBits (LM head, tied {embedding_bits}-bit weight)"
         elif r.is_linear(node) and node.name != float_head:
             w = r.weights[node.input[1]]  # (K, N)
-            r.node("MatMulNBits", [node.input[0], *_blocked_weight(r, node.input[1], w.T, bits, block_size, symmetric)],
-                   list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=bits,
+            width_bits = 8 if kept_at_8bit(node.input[1].removesuffix(".weight"), keep_8bit) else bits
+            r.node("MatMulNBits", [node.input[0], *_blocked_weight(r, node.input[1], w.T, width_bits, block_size,
+                                                                   symmetric)],
+                   list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=width_bits,
                    block_size=block_size, accuracy_level=accuracy_level)
-            r.quantized[node.name] = f"MatMulNBits ({bits}-bit)" if bits != 8 else "MatMulNBits"
+            r.quantized[node.name] = f"MatMulNBits ({width_bits}-bit)" if width_bits != 8 or bits != 8 else "MatMulNBits"
         else:
             r.new_nodes.append(node)
     return r.finish(f"gptedge weight-only int{bits}"), r.quantized
@@ -133,13 +151,18 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
         fit = [b for b in (16, 32, 64, 128, 256, 512) if shape.n_embd % b == 0]
         raise InvalidArgumentError(f"--block-size {recipe.block_size} does not divide n_embd {shape.n_embd}: "
                                    f"choose {', '.join(map(str, fit)) or 'a power of two >= 16 that divides it'}")
+    names = linear_names(shape.n_layer)
+    for pattern in recipe.keep_8bit:  # a pattern that keeps nothing is a typo, not a recipe
+        if not any(fnmatchcase(n, pattern) for n in names):
+            raise InvalidArgumentError(f"--keep-8bit {pattern!r} matches no linear: they are named "
+                                       f"h.0.attn.c_attn .. h.{shape.n_layer - 1}.mlp.c_proj")
 
 
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
                                        rc.embedding_bits, base_dir=job.model_dir,
-                                       quantize_head=rc.quantize_head)  # every initializer inline
+                                       quantize_head=rc.quantize_head, keep_8bit=rc.keep_8bit)  # initializers inline
     if rc.float16:
         model = to_float16(model)  # MatMulNBits' scales and activations become fp16 with the rest
     return Quantized(model, nodes, rc)
@@ -157,8 +180,9 @@ def storage(recipe: QuantizeRecipe) -> Storage:
     if recipe.float16:
         activations = f"{FP16_ACTIVATIONS} (on the CPU: {activations})"
     shape = "(V, C/bs, bs)" if recipe.embedding_bits == 8 else "(V, C/bs, bs/2), two weights per byte"
+    kept = (f"; at 8 bits, symmetric: {', '.join(recipe.keep_8bit)}" if recipe.keep_8bit else "")
     return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "
-                           f"{recipe.block_size} along K",
+                           f"{recipe.block_size} along K{kept}",
                    activations=activations,
                    embedding_and_lm_head=f"tied weight stored once as {_layout(recipe.embedding_bits, recipe.symmetric)} "
                                          f"MatMulNBits blocks {shape}; LM head MatMulNBits, embedding gathers rows "

@@ -171,8 +171,9 @@ class Quantization(QuantizeRecipe):
         half = ", fp16 activations" if self.float16 else ""
         if self.bits == 16 or (self.bits, self.embedding_bits, self.symmetric) == (8, 8, True):
             return self.method + half  # fp16 has no widths to name
+        kept = f", int8 {' '.join(self.keep_8bit)}" if self.keep_8bit else ""
         return (f"{self.method} int{self.bits} b{self.block_size} {'sym' if self.symmetric else 'asym'}"
-                f"{'' if self.embedding_bits == self.bits else f', emb int{self.embedding_bits}'}{half}")
+                f"{'' if self.embedding_bits == self.bits else f', emb int{self.embedding_bits}'}{kept}{half}")
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,8 @@ def _precision_and_method(m: Manifest, facts: GraphFacts) -> list[str]:
     bits = Counter(n.ints.get("bits", 4) for n in facts.nodes if n.op_type == "MatMulNBits")
     if found == "weight-only":
         linear_bits = bits.most_common(1)[0][0]  # n_layer x 4 linears, one LM head
+        if q is not None and q.keep_8bit and q.bits in bits:  # mixed 4 / 8: the linears not kept are q.bits
+            linear_bits = q.bits
         precision = f"int{linear_bits}"
         if claimed == found:
             problems += _weight_only(m, facts, bits, linear_bits)
@@ -124,6 +126,15 @@ def _weight_only(m: Manifest, facts: GraphFacts, bits: Counter, linear_bits: int
     if q.embedding_bits not in bits and m.task is None:  # a task head's graph has no LM head: no MatMulNBits reads it
         problems.append(f"{SAYS} embedding_bits {q.embedding_bits}, the graph's MatMulNBits are "
                         f"{' and '.join(map(str, sorted(bits)))}-bit")
+    if q.bits == 4 and m.task is None:  # the 8-bit MatMulNBits: the linears kept at 8 bits, and an 8-bit LM head
+        from fnmatch import fnmatchcase  # (the names as quantize/weight_only.linear_names makes them)
+
+        names = [f"h.{i}.{k}" for i in range(m.shape.n_layer)
+                 for k in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+        kept = sum(any(fnmatchcase(n, p) for p in q.keep_8bit) for n in names)
+        if bits[8] != kept + (q.embedding_bits == 8):
+            problems.append(f"{SAYS} {kept} linears kept at 8 bits (keep_8bit {list(q.keep_8bit)}) and a "
+                            f"{q.embedding_bits}-bit LM head, the graph has {bits[8]} 8-bit MatMulNBits")
     blocks = sorted({n.ints["block_size"] for n in facts.nodes
                      if n.op_type == "MatMulNBits" and "block_size" in n.ints})
     if blocks and blocks != [q.block_size]:

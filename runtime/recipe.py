@@ -53,6 +53,9 @@ class QuantizeRecipe:
     # KL(fp32 || q) over the labels -14% static, -18% weight-only 8-bit, -26% 4-bit, +1% dynamic (a wash), for
     # +3.5 KB. Nothing to a language model (its graph has no task head).
     quantize_head: bool = False
+    # weight-only 4-bit: linears kept at 8 bits, as fnmatch patterns over their names (`h.3.mlp.c_proj`,
+    # `*.mlp.c_proj`, `h.0.*`), the way llama.cpp's Q4_K_M keeps its most sensitive tensors at 5-6 bits. Empty: none.
+    keep_8bit: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
@@ -74,6 +77,11 @@ class QuantizeRecipe:
         if not self.symmetric and not (m.asymmetric and 4 in (self.bits, self.embedding_bits)):
             raise InvalidArgumentError(f"asymmetric applies to 4-bit weights (bits 4), not {self.bits}-bit "
                                        f"{self.method}")
+        if self.keep_8bit and (self.method != "weight-only" or self.bits != 4):
+            raise InvalidArgumentError(f"keeping linears at 8 bits applies to weight-only 4-bit (bits 4), not "
+                                       f"{self.bits}-bit {self.method}")
+        if any(not isinstance(p, str) or not p.strip() for p in self.keep_8bit):
+            raise InvalidArgumentError("a keep-8-bit pattern must be a non-empty linear name or glob (h.3.mlp.c_proj)")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise InvalidArgumentError(f"block size must be a power of two >= 16, got {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):

@@ -27,9 +27,28 @@ EOT = "<|endoftext|>"
 HELD_OUT = "persuasion.txt"
 
 
-def training_files(corpus: Path) -> list[Path]:
-    files = sorted(p for p in (corpus / "austen").glob("*.txt") if p.name != HELD_OUT)
-    return files + [corpus / "kjv" / "kjv.txt"]
+def training_files(corpus: Path, texts: tuple[str, ...] = ("austen", "kjv")) -> list[Path]:
+    """The training text: Austen's novels but Persuasion, and / or the KJV."""
+    files = []
+    if "austen" in texts:
+        files += sorted(p for p in (corpus / "austen").glob("*.txt") if p.name != HELD_OUT)
+    if "kjv" in texts:
+        files.append(corpus / "kjv" / "kjv.txt")
+    return files
+
+
+def load_tokenizer(source: Path):
+    """An existing tokenizer: a tokenizer.json, or a folder with GPT-2's encoder.json / vocab.bpe."""
+    from tokenizers import Tokenizer
+
+    from gptedge.export.tokenizer_files import byte_level_bpe, find_tokenizer_source
+
+    if source.is_file():
+        return Tokenizer.from_file(str(source))
+    found = find_tokenizer_source(source)
+    if found is None:
+        raise SystemExit(f"--tokenizer {source}: no tokenizer.json or encoder.json + vocab.bpe there")
+    return Tokenizer.from_file(str(found[0])) if len(found) == 1 else byte_level_bpe(*found)
 
 
 def train_tokenizer(files: list[Path], vocab_size: int, out: Path):
@@ -87,7 +106,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="where the HF-layout model is written")
     ap.add_argument("--work-dir", type=Path, default=Path(".cache/train"), help="checkpoints for resuming")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--vocab", type=int, default=8192, help="size of the BPE trained on the text")
+    ap.add_argument("--tokenizer", type=Path, default=None,
+                    help="use this tokenizer (tokenizer.json, or a folder with GPT-2's encoder.json / vocab.bpe) "
+                         "instead of training one")
+    ap.add_argument("--texts", default="austen,kjv",
+                    help="comma-separated: austen (all but Persuasion), kjv; Persuasion is always held out")
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-embd", type=int, default=192)
     ap.add_argument("--n-head", type=int, default=6)
@@ -103,8 +127,13 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    files = training_files(args.corpus)
+    texts = tuple(t.strip() for t in args.texts.split(",") if t.strip())
+    if not texts or set(texts) - {"austen", "kjv"}:
+        raise SystemExit(f"--texts {args.texts!r}: name austen and / or kjv")
+    files = training_files(args.corpus, texts)
     tok_path = args.work_dir / "tokenizer.json"
+    if args.tokenizer is not None and not tok_path.exists():
+        load_tokenizer(args.tokenizer).save(str(tok_path))
     if tok_path.exists():
         from tokenizers import Tokenizer
         tok = Tokenizer.from_file(str(tok_path))

@@ -19,6 +19,7 @@ from gptedge.quantize import int8_math as qm
 from gptedge.quantize import nbit_math as nm
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.quantize.rewrite import Rewrite
+from gptedge.quantize.weight_only import kept_at_8bit
 from gptedge.runtime import load
 from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest, write_manifest
@@ -96,8 +97,9 @@ def fake_quantized(fp32_dir, out, recipe: QuantizeRecipe):
         return nm.dequantize_4bit(*nm.quantize_4bit(rows, recipe.block_size, recipe.symmetric))
 
     new = {wte: roundtrip(r.weights[wte], recipe.embedding_bits)}
-    new.update({n.input[1]: roundtrip(r.weights[n.input[1]].T, recipe.bits).T for n in model.graph.node
-                if r.is_linear(n)})
+    new.update({n.input[1]: roundtrip(r.weights[n.input[1]].T, 8 if kept_at_8bit(n.input[1].removesuffix(".weight"),
+                                                                        recipe.keep_8bit) else recipe.bits).T
+                for n in model.graph.node if r.is_linear(n)})
     for t in model.graph.initializer:
         if t.name in new:
             t.CopyFrom(numpy_helper.from_array(new[t.name].astype(np.float32), t.name))

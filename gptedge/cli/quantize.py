@@ -23,7 +23,7 @@ _TAKEN_BY = {"--bits": lambda e: len(e.bits) > 1, "--embedding-bits": lambda e: 
 
 
 def _recipe(method: str | None, bits: str | None, embedding_bits: str | None, symmetric: bool | None, float16: bool,
-            **fields) -> QuantizeRecipe | None:
+            keep_8bit: tuple[str, ...], **fields) -> QuantizeRecipe | None:
     if method is None:  # --kv-cache alone: the weights stay fp32 (checked in the command)
         return None
     entry = QUANTIZATION_METHODS.entry(method)
@@ -33,7 +33,8 @@ def _recipe(method: str | None, bits: str | None, embedding_bits: str | None, sy
             takers = QUANTIZATION_METHODS.names(_TAKEN_BY[flag])
             raise click.UsageError(f"{flag} applies to --method {' or '.join(takers)} only")
     return QuantizeRecipe(method=method, bits=int(bits) if bits else None, symmetric=symmetric, float16=float16,
-                          embedding_bits=int(embedding_bits) if embedding_bits else None, **fields)
+                          embedding_bits=int(embedding_bits) if embedding_bits else None, keep_8bit=tuple(keep_8bit),
+                          **fields)
 
 
 recipe_options = grouped(
@@ -53,6 +54,9 @@ recipe_options = grouped(
                  help="Weight-only 4-bit: zero point 8, or a 4-bit zero point per block.  [default: asymmetric]"),
     click.option("--embedding-bits", type=click.Choice(["8", "4"]), default=None,
                  help="Weight-only: bits of the tied embedding / LM head.  [default: 8]"),
+    click.option("--keep-8bit", "keep_8bit", multiple=True, metavar="PATTERN",
+                 help="Weight-only 4-bit: keep the linears this glob names at 8 bits (repeatable; names like "
+                      "h.3.mlp.c_proj, so '*.mlp.c_proj' is every block's MLP output)."),
     click.option("--float16", is_flag=True,
                  help="Weight-only: activations, scales and caches in fp16 (for --device cuda)."),
     click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products)."),
@@ -100,6 +104,7 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         done = f"fp32 weights, {kv_cache} KV cache)"
     else:
         widths = "" if recipe.bits in (8, 16) else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
+        widths += f", 8-bit {' '.join(recipe.keep_8bit)}" if recipe.keep_8bit else ""
         widths += ", fp16 activations" if recipe.float16 else ""
         widths += f", {kv_cache} KV cache" if kv_cache != DEFAULT_KV_CACHE else ""
         done = (f"{recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "
