@@ -209,9 +209,9 @@ def main() -> None:
     save_checkpoint(model, args.out)
     (args.out / "tokenizer.json").write_bytes(tok_path.read_bytes())
     (args.out / "generation_config.json").write_text(json.dumps({"bos_token_id": eot, "eos_token_id": eot}) + "\n")
-    (args.out / "training_log.json").write_text(json.dumps({"args": vars(args) | {"corpus": str(args.corpus),
-                                                 "out": str(args.out), "work_dir": str(args.work_dir)},
-                                                 "steps": step, "log": log}, indent=1) + "\n")
+    plain_args = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}  # paths as JSON strings
+    (args.out / "training_log.json").write_text(json.dumps({"args": plain_args, "steps": step, "log": log},
+                                                           indent=1) + "\n")
     print(f"wrote {args.out}", flush=True)
 
 
