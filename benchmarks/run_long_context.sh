@@ -19,13 +19,14 @@ x() { [ -f "$W/$1/gptedge.json" ] || "${@:2}"; }
 x fp32 $G export "$CK" -o "$W/fp32" --graph kv_buffer
 x wo8 $G quantize "$W/fp32" -o "$W/wo8" --method weight-only
 x wo8-kv8 $G quantize "$W/fp32" -o "$W/wo8-kv8" --method weight-only --kv-cache int8 --calibration "$CAL"
+x wo8b16-kv8 $G quantize "$W/fp32" -o "$W/wo8b16-kv8" --method weight-only --block-size 16 --kv-cache int8 --calibration "$CAL"
 x wo4 $G quantize "$W/fp32" -o "$W/wo4" --method weight-only --bits 4
 x wo4-kv8 $G quantize "$W/fp32" -o "$W/wo4-kv8" --method weight-only --bits 4 --kv-cache int8 --calibration "$CAL"
 x wo4a-kv8 $G quantize "$W/fp32" -o "$W/wo4a-kv8" --method weight-only --bits 4 --keep-8bit '*.attn.*' --kv-cache int8 --calibration "$CAL"
 x wo4-kv4 $G quantize "$W/fp32" -o "$W/wo4-kv4" --method weight-only --bits 4 --kv-cache int4 --calibration "$CAL"
 for prompt in 32 896; do
   for run in 1 2; do
-    $G compare "$W/fp32" "$W/wo8" "$W/wo8-kv8" "$W/wo4" "$W/wo4-kv8" "$W/wo4a-kv8" "$W/wo4-kv4" --peers llama.cpp \
+    $G compare "$W/fp32" "$W/wo8" "$W/wo8-kv8" "$W/wo8b16-kv8" "$W/wo4" "$W/wo4-kv8" "$W/wo4a-kv8" "$W/wo4-kv4" --peers llama.cpp \
       --text "$TEXT" --max-tokens "${MAX_TOKENS:-2048}" --prompts 8 --prompt-tokens "$prompt" --new-tokens 128 \
       --threads 2 --device cpu --markdown "$W/compare-$prompt-$run.md" > /dev/null
   done

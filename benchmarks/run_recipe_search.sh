@@ -37,11 +37,12 @@ q wo4-k-attn-ends --bits 4 --keep-8bit '*.attn.*' --keep-8bit 'h.0.*' --keep-8bi
 # the int8 KV cache (scales from the calibration text) on the leading recipes: what the long-context rows run
 CAL=${CAL:-samples/calibration/emma_ch1-4.txt}
 q wo8-kv8 --kv-cache int8 --calibration "$CAL"
+q wo8-b16-kv8 --block-size 16 --kv-cache int8 --calibration "$CAL"
 q wo4-kv8 --bits 4 --kv-cache int8 --calibration "$CAL"
 q wo4-k-attn-kv8 --bits 4 --keep-8bit '*.attn.*' --kv-cache int8 --calibration "$CAL"
 x dyn $G quantize "$W/fp32" -o "$W/dyn" --method dynamic
 dirs=(fp32 wo8 wo8-b16 wo8-acc0 wo4 wo4-b16 wo4-sym wo4-emb4 wo4-k-qkv wo4-k-aproj wo4-k-fc wo4-k-mproj wo4-k-ends
-      wo4-b16-k-mproj wo4-k-attn wo4-k-attn-ends wo8-kv8 wo4-kv8 wo4-k-attn-kv8 dyn)
+      wo4-b16-k-mproj wo4-k-attn wo4-k-attn-ends wo8-kv8 wo8-b16-kv8 wo4-kv8 wo4-k-attn-kv8 dyn)
 $G compare "${dirs[@]/#/$W/}" --peers llama.cpp --text "$TEXT" --max-tokens "${MAX_TOKENS:-2048}" --prompts 4 \
   --prompt-tokens 32 --new-tokens 64 --threads 2 --device cpu --markdown "$W/recipes.md" > /dev/null
 cat "$W/recipes.md"
