@@ -17,6 +17,7 @@ token (request sent -> first text chunk) and p50/p99 inter-token latency (gap be
 holding back half a UTF-8 character carries two tokens, so this errs high); then one client's decode rate
 through HTTP next to generate's, and the server's peak RSS (VmHWM) next to the model's size on disk; and the
 DESIGN §7/§10 targets as met or missed. Timings mean something only on a quiet machine.
+`--serve-args='--spin'` appends options to every `gptedge serve` it starts (an A/B of a serve option).
 
 With `--peer llama-server` the same load also runs against llama.cpp's own server, interleaved, and one comparison
 table comes out (`--out FILE.md` writes it too, with every figure in FILE.json):
@@ -141,9 +142,10 @@ def parse_stream(sent: float, lines: Iterable[tuple[float, str]]) -> RequestTimi
     return settle_tokens(timing)
 
 
-def start_server(model: Path, threads: int, max_batch: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(model: Path, threads: int, max_batch: int, log: Path,
+                 extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "gptedge.cli", "serve", str(model), "--port", "0", "--model-name", "bench",
-           "--threads", str(threads), "--max-batch", str(max_batch), "--max-queue", "256"]
+           "--threads", str(threads), "--max-batch", str(max_batch), "--max-queue", "256", *extra]
     with open(log, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 300
@@ -243,7 +245,7 @@ def bench_model(model: Path, args, in_process: bool = True) -> dict:
     size_mib = graph_size(model, manifest.model_file) / 2**20
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(model, args.threads, args.max_batch, Path(tmp) / "serve.log")
+        proc, url = start_server(model, args.threads, args.max_batch, Path(tmp) / "serve.log", args.serve_args)
         try:
             rows = measure_load(url, prompts, args)
             rss = peak_rss_mib(proc.pid)
@@ -584,7 +586,8 @@ def machine_facts(args, binary: Path, context: int) -> list[str]:
             f"llama-cpp-python {llama_py}, llama.cpp {build}"),
             (f"- load: prompt {args.prompt} ids, new {args.new} (greedy, ignore_eos), {args.requests} requests per "
             f"client, clients {','.join(map(str, args.clients))}, {args.runs} runs interleaved"),
-            f"- gptedge: `gptedge serve DIR --threads {args.threads} --max-batch {args.max_batch} --max-queue 256`",
+            f"- gptedge: `gptedge serve DIR --threads {args.threads} --max-batch {args.max_batch} --max-queue 256"
+            f"{''.join(' ' + a for a in args.serve_args)}`",
             f"- llama-server: `{shlex.join(llama_server_command(binary, 'GGUF', args, context, 'PORT'))}`"]
 
 
@@ -651,6 +654,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="Requests each client sends, one after another.")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (server and generate).")
     ap.add_argument("--max-batch", type=int, default=None, help="Server's --max-batch (default: the most clients).")
+    ap.add_argument("--serve-args", default=None,
+                    help="gptedge serve options appended, as --serve-args='--spin' (an A/B of a serve option).")
     peer = ap.add_argument_group("--peer llama-server")
     peer.add_argument("--peer", choices=["llama-server"], help="Run the same load against this server too.")
     peer.add_argument("--checkpoint", type=Path, help="The HF checkpoint the dirs came from (default: the manifest's).")
@@ -663,13 +668,15 @@ def main() -> None:
     args = ap.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     args.max_batch = args.max_batch or max(args.clients)
+    args.serve_args = shlex.split(args.serve_args or "")
     if args.peer is None:
         given = [f"--{k.replace('_', '-')}" for k in ("checkpoint", "peer_recipes", "peer_args", "runs", "work", "out")
                  if getattr(args, k) is not None]
         if given:
             ap.error(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --peer llama-server")
         print(f"serve_load: prompt {args.prompt}, new {args.new} (greedy, ignore_eos), {args.requests} requests per "
-              f"client, server --max-batch {args.max_batch} --threads {args.threads}; "
+              f"client, server --max-batch {args.max_batch} --threads {args.threads}"
+              f"{''.join(' ' + a for a in args.serve_args)}; "
               f"{platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}")
         for model in args.models:
             report(bench_model(model, args))

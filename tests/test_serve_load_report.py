@@ -239,3 +239,26 @@ def test_llama_server_gets_the_issues_command_line():
     assert sl.llama_server_command("/b/llama-server", "/w/m.gguf", Args, 1024, 8080) == [
         "/b/llama-server", "-m", "/w/m.gguf", "-t", "2", "-tb", "2", "-np", "16", "-c", "16384",
         "--host", "127.0.0.1", "--port", "8080", "--cache-ram", "0"]
+
+
+def test_serve_args_reach_the_gptedge_server_command(monkeypatch, tmp_path):
+    """--serve-args='--spin' (an A/B of a serve option) is appended to `gptedge serve`'s command line."""
+    seen = []
+
+    class Proc:
+        pid = 1
+
+        def poll(self):
+            return None
+
+    def popen(cmd, stdout, stderr):
+        seen.append(cmd)
+        stderr.write(b"gptedge serve: listening on http://127.0.0.1:5123\n")
+        stderr.flush()
+        return Proc()
+
+    monkeypatch.setattr(sl.subprocess, "Popen", popen)
+    _, url = sl.start_server(tmp_path / "m", 2, 16, tmp_path / "serve.log", ["--spin", "--prefill-budget", "64"])
+    assert url == "http://127.0.0.1:5123"
+    assert seen[0][3:] == ["serve", str(tmp_path / "m"), "--port", "0", "--model-name", "bench", "--threads", "2",
+                           "--max-batch", "16", "--max-queue", "256", "--spin", "--prefill-budget", "64"]
