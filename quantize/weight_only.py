@@ -7,7 +7,6 @@ recipe.quantize_head); the embedding gathers rows of the same blocks and dequant
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from onnx import TensorProto
 
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.manifest import ModelShape
-from gptedge.runtime.recipe import QuantizeRecipe
+from gptedge.runtime.recipe import QuantizeRecipe, block_linear_names, kept_at_8bit
 
 from . import int8_math as qm
 from . import nbit_math as nm
@@ -85,19 +84,6 @@ def _embedding(r: Rewrite, node: onnx.NodeProto, weight: list[str], bits: int, n
            [out], f"{name}.reshape")
 
 
-LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # per block, as the exporter names them
-
-
-def linear_names(n_layer: int) -> list[str]:
-    """The blocks' linears as --keep-8bit patterns match them: h.0.attn.c_attn ... h.{n_layer-1}.mlp.c_proj."""
-    return [f"h.{i}.{kind}" for i in range(n_layer) for kind in LINEARS]
-
-
-def kept_at_8bit(name: str, patterns: tuple[str, ...]) -> bool:
-    """A linear's name (its weight's, less `.weight`) matches one of the keep-8-bit patterns."""
-    return any(fnmatchcase(name, p) for p in patterns)
-
-
 def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_level: int = 0, bits: int = 8,
                         symmetric: bool = True, embedding_bits: int | None = None, base_dir: Path | None = None,
                         quantize_head: bool = True,
@@ -151,9 +137,9 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
         fit = [b for b in (16, 32, 64, 128, 256, 512) if shape.n_embd % b == 0]
         raise InvalidArgumentError(f"--block-size {recipe.block_size} does not divide n_embd {shape.n_embd}: "
                                    f"choose {', '.join(map(str, fit)) or 'a power of two >= 16 that divides it'}")
-    names = linear_names(shape.n_layer)
+    names = block_linear_names(shape.n_layer)
     for pattern in recipe.keep_8bit:  # a pattern that keeps nothing is a typo, not a recipe
-        if not any(fnmatchcase(n, pattern) for n in names):
+        if not any(kept_at_8bit(n, (pattern,)) for n in names):
             raise InvalidArgumentError(f"--keep-8bit {pattern!r} matches no linear: they are named "
                                        f"h.0.attn.c_attn .. h.{shape.n_layer - 1}.mlp.c_proj")
 

@@ -27,6 +27,7 @@ from . import contract as C
 from .kv_cache import DEFAULT_KV_CACHE, KV_CACHES, cache_onnx_type
 from .manifest import MANIFEST_NAME, Manifest
 from .onnx_wire import GraphFacts
+from .recipe import block_linear_names, kept_at_8bit
 from .registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
 
 LAYER_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization")
@@ -127,11 +128,7 @@ def _weight_only(m: Manifest, facts: GraphFacts, bits: Counter, linear_bits: int
         problems.append(f"{SAYS} embedding_bits {q.embedding_bits}, the graph's MatMulNBits are "
                         f"{' and '.join(map(str, sorted(bits)))}-bit")
     if q.bits == 4 and m.task is None:  # the 8-bit MatMulNBits: the linears kept at 8 bits, and an 8-bit LM head
-        from fnmatch import fnmatchcase  # (the names as quantize/weight_only.linear_names makes them)
-
-        names = [f"h.{i}.{k}" for i in range(m.shape.n_layer)
-                 for k in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
-        kept = sum(any(fnmatchcase(n, p) for p in q.keep_8bit) for n in names)
+        kept = sum(kept_at_8bit(n, q.keep_8bit) for n in block_linear_names(m.shape.n_layer))
         if bits[8] != kept + (q.embedding_bits == 8):
             problems.append(f"{SAYS} {kept} linears kept at 8 bits (keep_8bit {list(q.keep_8bit)}) and a "
                             f"{q.embedding_bits}-bit LM head, the graph has {bits[8]} 8-bit MatMulNBits")

@@ -10,6 +10,7 @@ for is read from its line in the registry (runtime/registry.py), not from its mo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from .errors import InvalidArgumentError
 from .registry import QUANTIZATION_METHODS
@@ -21,6 +22,19 @@ SYMMETRIC_WITH_INT4 = False
 
 
 ACTIVATION_SCALES = ("per-row", "per-tensor")
+# A block's linears as the exporter names them (`h.3.mlp.c_proj.weight`): what --keep-8bit patterns match.
+BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def block_linear_names(n_layer: int) -> list[str]:
+    """h.0.attn.c_attn ... h.{n_layer-1}.mlp.c_proj: every block linear's name, less `.weight`."""
+    return [f"h.{i}.{kind}" for i in range(n_layer) for kind in BLOCK_LINEARS]
+
+
+def kept_at_8bit(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a linear (its name less `.weight`) matches one of a recipe's keep_8bit patterns."""
+    return any(fnmatchcase(name, p) for p in patterns)
+
 
 
 @dataclass(frozen=True)

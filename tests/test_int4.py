@@ -19,10 +19,10 @@ from gptedge.quantize import int8_math as qm
 from gptedge.quantize import nbit_math as nm
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.quantize.rewrite import Rewrite
-from gptedge.quantize.weight_only import kept_at_8bit
 from gptedge.runtime import load
 from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from gptedge.runtime.recipe import kept_at_8bit
 
 from .conftest import tiny_reference, write_checkpoint
 
