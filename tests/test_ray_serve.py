@@ -223,9 +223,16 @@ def test_killed_replica_fails_only_its_requests_cleanly_and_is_replaced(main_app
         async with client(main_app) as http:
             return await asyncio.gather(*(complete(http, dict(s, max_tokens=8)) for s in streams))
 
-    fresh = asyncio.run(asyncio.wait_for(again(), 120))
-    assert all(a.status == 200 and a.done and a.error is None for a in fresh)
-    assert {cluster.node_names[a.node] for a in fresh} == {"head", "node2"}
+    # Both replicas serve again. Serve's router picks by its own (cached) queue lengths, so one burst of short
+    # requests may all land on one replica: up to 5 bursts, every answer whole, until both nodes have answered.
+    answered: set[str] = set()
+    for _ in range(5):
+        fresh = asyncio.run(asyncio.wait_for(again(), 120))
+        assert all(a.status == 200 and a.done and a.error is None for a in fresh)
+        answered |= {cluster.node_names[a.node] for a in fresh}
+        if answered == {"head", "node2"}:
+            break
+    assert answered == {"head", "node2"}
 
 
 def test_serve_run_with_an_import_path_and_args(cluster, model_dir, url, solo, tmp_path):
