@@ -8,8 +8,8 @@ prefill_chunk; a burst of short prompts costs one run, not one each), or the nex
 prompt too long for the budget alone. Newcomers join the running batch at the step boundary; a
 sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes
 every joined sequence at once through the graph variant's sequence pool. Token selection, stop
-handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets the tokens `generate` gives for
-the same prompt and settings whatever else is in the batch (fp32; INT8 within its batch
+handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets
+the tokens `generate` gives for the same prompt and settings whatever else is in the batch (fp32; INT8 within its batch
 invariance). Events reach the caller through its callback, on the engine thread: keep it short
 (the HTTP layer hands them to its event loop).
 

@@ -1,5 +1,6 @@
-"""benchmarks/serve_load.py's --peer llama-server report, from result dicts: the SSE parsing of both servers'
-streams, the column names from manifests, the table and the target judgement. No server, no llama.cpp."""
+"""benchmarks/serve_load.py's --peer llama-server report (its serve_report.py), from result dicts: the SSE parsing of
+both servers' streams, the column names from manifests, the table, the target judgement and the JSON. No server, no
+llama.cpp."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def _load_benchmark():
 
 
 sl = _load_benchmark()
+sr = sys.modules["serve_report"]  # its report half, imported by serve_load from beside it
 
 SHAPE = ModelShape("gpt2", 2, 2, 4, 64, 32)
 
@@ -92,18 +94,18 @@ def test_columns_are_named_from_the_manifest_and_only_weight_only_dirs_are_paire
              (_manifest("dynamic", 8), "gptedge dynamic", None), (_manifest(None), "gptedge fp32", None),
              (_manifest("weight-only", 8, kv_cache="int8"), "gptedge weight-only 8 kv int8", "weight-only 8")]
     for manifest, name, pair in cases:
-        column = sl.gptedge_column("/dirs/x", manifest)
+        column = sr.gptedge_column("/dirs/x", manifest)
         assert (column.name, column.pair, column.side) == (name, pair, "gptedge")
-    assert sl.peer_column("Q8_0", "/w/model-Q8_0.gguf").pair == "weight-only 8"
-    assert sl.peer_column("Q4_0", "/w/model-Q4_0.gguf").pair is None  # reported beside
+    assert sr.peer_column("Q8_0", "/w/model-Q8_0.gguf").pair == "weight-only 8"
+    assert sr.peer_column("Q4_0", "/w/model-Q4_0.gguf").pair is None  # reported beside
 
 
 def test_each_recipe_sits_beside_its_gptedge_dir_and_duplicate_names_get_the_dir():
-    ours = [sl.gptedge_column(f"/d/{n}", _manifest(*m)) for n, m in
+    ours = [sr.gptedge_column(f"/d/{n}", _manifest(*m)) for n, m in
             [("wo8", ("weight-only", 8)), ("dyn", ("dynamic", 8)), ("wo4", ("weight-only", 4)),
              ("wo4b", ("weight-only", 4))]]
-    peers = [sl.peer_column(r, f"/w/{r}.gguf") for r in ("Q4_K_M", "Q4_0", "Q8_0")]
-    names = [c.name for c in sl.order_columns(ours, peers)]
+    peers = [sr.peer_column(r, f"/w/{r}.gguf") for r in ("Q4_K_M", "Q4_0", "Q8_0")]
+    names = [c.name for c in sr.order_columns(ours, peers)]
     assert names == ["gptedge weight-only 8", "llama-server Q8_0", "gptedge dynamic", "gptedge weight-only 4 (wo4)",
                      "llama-server Q4_K_M", "gptedge weight-only 4 (wo4b)", "llama-server Q4_0"]
 
@@ -115,10 +117,10 @@ def _run(tok_s: dict, ttft: dict, itl: dict, rss: float, new: int = 16, tokens: 
 
 
 def _pair(gptedge_runs: list[dict], peer_runs: list[dict]) -> list:
-    ours = sl.gptedge_column("/d/wo8", _manifest("weight-only", 8))
-    peer = sl.peer_column("Q8_0", "/w/model-Q8_0.gguf")
+    ours = sr.gptedge_column("/d/wo8", _manifest("weight-only", 8))
+    peer = sr.peer_column("Q8_0", "/w/model-Q8_0.gguf")
     ours.runs, peer.runs = gptedge_runs, peer_runs
-    return sl.order_columns([ours], [peer])
+    return sr.order_columns([ours], [peer])
 
 
 def _line(lines: list[str], start: str) -> str:
@@ -130,7 +132,7 @@ def test_the_table_has_one_cell_per_column_with_every_run():
     g = [_run({1: 100.0, 8: 300.0, 16: 320.0}, {8: 50.0, 16: 90.0}, {1: 10.0, 8: 15.0, 16: 30.0}, 200.0),
          _run({1: 102.0, 8: 310.0, 16: 330.0}, {8: 55.0, 16: 95.0}, {1: 11.0, 8: 16.0, 16: 31.0}, 201.0)]
     p = [_run({1: 80.0, 8: 150.0, 16: 160.0}, {8: 60.0, 16: 100.0}, {1: 12.0, 8: 20.0, 16: 40.0}, 400.0)] * 2
-    table = sl.build_table(_pair(g, p), clients)
+    table = sr.build_table(_pair(g, p), clients)
     assert table[0] == "| clients | gptedge weight-only 8 | llama-server Q8_0 |"
     labels = [row.split(" | ")[0].lstrip("| ") for row in table[2:]]
     assert labels == ["1: tok/s", "8: tok/s", "16: tok/s", "8: TTFT p99 ms", "16: TTFT p99 ms",
@@ -139,7 +141,7 @@ def test_the_table_has_one_cell_per_column_with_every_run():
     assert table[2] == "| 1: tok/s | 100.0 / 102.0 | 80.0 / 80.0 |"
     assert "| peak RSS MiB | 200 / 201 | 400 / 400 |" in table
     # without 8 or 16 clients the latency rows are the most clients'
-    assert [r.split(" | ")[0].lstrip("| ") for r in sl.build_table(_pair(g, p), [1, 2])[2:6]] == [
+    assert [r.split(" | ")[0].lstrip("| ") for r in sr.build_table(_pair(g, p), [1, 2])[2:6]] == [
         "1: tok/s", "2: tok/s", "2: TTFT p99 ms", "2: inter-token p99 ms"]
 
 
@@ -150,7 +152,7 @@ def test_targets_met_and_missed_on_the_means_and_runs_that_disagree_are_flagged(
     g = [_run({1: 100.0, 8: 180.0, 16: 240.0}, {8: 50.0, 16: 120.0}, {1: 10.0, 8: 15.0, 16: 30.0}, 200.0),
          _run({1: 80.0, 8: 180.0, 16: 240.0}, {8: 50.0, 16: 120.0}, {1: 10.0, 8: 25.0, 16: 30.0}, 200.0)]
     p = [_run({1: 80.0, 8: 150.0, 16: 160.0}, {8: 60.0, 16: 100.0}, {1: 12.0, 8: 20.0, 16: 40.0}, 400.0)] * 2
-    lines = sl.judge(_pair(g, p), clients)
+    lines = sr.judge(_pair(g, p), clients)
     assert lines[0] == "gptedge weight-only 8 vs llama-server Q8_0:"
     one = _line(lines, "1 client tok/s")
     assert "**met**" in one and "**runs disagree**: run 1 met, run 2 missed" in one and "1.12x" in one
@@ -165,20 +167,20 @@ def test_targets_met_and_missed_on_the_means_and_runs_that_disagree_are_flagged(
 
 def test_targets_without_the_client_counts_or_the_recipe_say_so():
     g = [_run({1: 100.0, 2: 150.0}, {}, {}, 200.0)]
-    lines = sl.judge(_pair(g, [_run({1: 80.0, 2: 100.0}, {}, {}, 400.0)]), [1, 2])
+    lines = sr.judge(_pair(g, [_run({1: 80.0, 2: 100.0}, {}, {}, 400.0)]), [1, 2])
     assert "not measured (--clients has no 8)" in _line(lines, "8 clients tok/s")
     assert "not measured" in _line(lines, "its own inter-token p99")
-    ours = sl.gptedge_column("/d/wo4", _manifest("weight-only", 4))
+    ours = sr.gptedge_column("/d/wo4", _manifest("weight-only", 4))
     ours.runs = g
-    dyn = sl.gptedge_column("/d/dyn", _manifest("dynamic", 8))
+    dyn = sr.gptedge_column("/d/dyn", _manifest("dynamic", 8))
     dyn.runs = g
-    assert sl.judge([ours, dyn], [1, 2])[0] == "gptedge weight-only 4 vs no paired recipe (--peer-recipes):"
-    assert sl.judge([dyn], [1, 2]) == ["no gptedge weight-only 8- or 4-bit dir given: nothing judged"]
+    assert sr.judge([ours, dyn], [1, 2])[0] == "gptedge weight-only 4 vs no paired recipe (--peer-recipes):"
+    assert sr.judge([dyn], [1, 2]) == ["no gptedge weight-only 8- or 4-bit dir given: nothing judged"]
 
 
 def test_token_notes_flag_requests_that_did_not_return_new_tokens():
     good, short = _run({1: 1.0, 2: 1.0}, {}, {}, 1.0), _run({1: 1.0, 2: 1.0}, {}, {}, 1.0, tokens=[16, 15])
-    notes = sl.token_notes(_pair([good], [short]), 16)
+    notes = sr.token_notes(_pair([good], [short]), 16)
     assert notes[0] == "- gptedge weight-only 8, run 1: 3 requests, all 16 tokens (counted by usage)"
     assert "**2 not 16**: [15]" in notes[1]
 
@@ -186,14 +188,14 @@ def test_token_notes_flag_requests_that_did_not_return_new_tokens():
 def test_the_report_holds_the_header_table_targets_and_is_written_atomically(tmp_path):
     g = [_run({1: 100.0, 8: 300.0}, {8: 50.0}, {1: 10.0, 8: 15.0}, 200.0)]
     p = [_run({1: 80.0, 8: 150.0}, {8: 60.0}, {1: 12.0, 8: 20.0}, 400.0)]
-    text = sl.render_report(["- date: today"], _pair(g, p), [1, 8], 16)
+    text = sr.render_report(["- date: today"], _pair(g, p), [1, 8], 16)
     assert text.startswith("# gptedge serve vs llama-server") and "- date: today" in text
     assert "## Load (cells: run 1)" in text and "| 8: tok/s | 300.0 | 150.0 |" in text
     out = tmp_path / "deep" / "table.md"
     umask = os.umask(0o022)
     try:
-        sl.write_atomic(out, text)
-        sl.write_atomic(out, text + "again\n")
+        sr.write_atomic(out, text)
+        sr.write_atomic(out, text + "again\n")
     finally:
         os.umask(umask)
     assert out.read_text() == text + "again\n" and [f.name for f in out.parent.iterdir()] == ["table.md"]
@@ -262,3 +264,13 @@ def test_serve_args_reach_the_gptedge_server_command(monkeypatch, tmp_path):
     assert url == "http://127.0.0.1:5123"
     assert seen[0][3:] == ["serve", str(tmp_path / "m"), "--port", "0", "--model-name", "bench", "--threads", "2",
                            "--max-batch", "16", "--max-queue", "256", "--spin", "--prefill-budget", "64"]
+
+
+def test_the_json_carries_the_machine_facts_beside_every_figure():
+    g = [_run({1: 100.0, 8: 300.0}, {8: 50.0}, {1: 10.0, 8: 15.0}, 200.0)]
+    p = [_run({1: 80.0, 8: 150.0}, {8: 60.0}, {1: 12.0, 8: 20.0}, 400.0)]
+    facts = ["- date: today", "- CPU: Some CPU; 2 logical CPUs; ISA: avx2 yes, avx512f no"]
+    data = json.loads(sr.report_json(facts, _pair(g, p)))
+    assert data["facts"] == ["date: today", "CPU: Some CPU; 2 logical CPUs; ISA: avx2 yes, avx512f no"]
+    assert [c["side"] for c in data["columns"]] == ["gptedge", "llama-server"]
+    assert data["columns"][0]["runs"][0]["rows"][1]["tok_s"] == 300.0

@@ -92,9 +92,8 @@ def _listen(host: str, port: int) -> socket.socket:
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
 def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, spin: bool, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
-          shutdown_timeout: float,
-          web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int, max_examples: int,
-          batch_wait: float) -> None:
+          shutdown_timeout: float, web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int,
+          max_examples: int, batch_wait: float) -> None:
     """Serve MODEL (default: the shipped sample model) over OpenAI's completions API: /v1/completions
     (streaming too), /v1/models, /health and /metrics; and the playground page at / (on the server, or in the
     browser with onnxruntime-web). A classifier dir (export --task) is served by POST /v1/classify instead."""
