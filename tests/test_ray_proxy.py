@@ -113,7 +113,7 @@ def test_args_are_parsed_checked_and_become_ray_options(gpt2_model_dir):
     assert app({"model": str(gpt2_model_dir), "threads": 1}) is not None
 
 
-def test_readme_rayservice_manifest_parses_and_its_serve_config_is_valid():
+def test_docs_rayservice_manifest_parses_and_its_serve_config_is_valid():
     """The KubeRay manifest is untested on Kubernetes; at least it is YAML and Ray accepts its Serve config."""
     pytest.importorskip("ray.serve", reason="the [ray] extra is not installed")
     import re
@@ -122,8 +122,8 @@ def test_readme_rayservice_manifest_parses_and_its_serve_config_is_valid():
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (manifest,) = [m for m in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "kind: RayService" in m]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "ray.md").read_text()
+    (manifest,) = [m for m in re.findall(r"```yaml\n(.*?)```", page, re.S) if "kind: RayService" in m]
     service = yaml.safe_load(manifest)
     assert service["kind"] == "RayService" and service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     config = ServeDeploySchema.model_validate(yaml.safe_load(service["spec"]["serveConfigV2"]))
