@@ -1,6 +1,6 @@
 """CTranslate2's accuracy on the same text and windows as `gptedge compare`, against gptedge's fp32.
 
-DESIGN's accuracy target compares gptedge's most faithful INT8 with CTranslate2 int8 of the same
+The accuracy target (docs/performance.md#targets) compares gptedge's most faithful INT8 with CTranslate2 int8 of the same
 model: this prints CTranslate2's perplexity, top-1 agreement and mean KL(fp32 || ct2) in the same
 terms as compare's table (the fp32 reference is the gptedge fp32 export of the same checkpoint).
 

@@ -1,4 +1,4 @@
-"""What load's integrity checks cost (README, "Model directory integrity"): for each model dir, the SHA-256 of its
+"""What load's integrity checks cost (docs/model-directory.md#model-directory-integrity): for each model dir, the SHA-256 of its
 recorded files alone (GB/s on one core), ONNX Runtime's session build alone, and gptedge's load, which hashes in a
 thread while the session builds, then checks the manifest's claims. Each figure is the median of --repeat runs,
 files in the page cache (a first run warms it).

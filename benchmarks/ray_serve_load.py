@@ -1,4 +1,4 @@
-"""Scale-out through Ray Serve (DESIGN §7, §10): serve_load.py's streaming load against `gptedge serve` direct and
+"""Scale-out through Ray Serve (docs/performance.md#targets): serve_load.py's streaming load against `gptedge serve` direct and
 against Ray Serve with 1 and 2 replicas, every server process on 1 ONNX Runtime thread.
 
     python benchmarks/ray_serve_load.py MODEL_DIR [--clients 1,8] [--new 128] [--prompt 32] [--requests 2]

@@ -16,7 +16,7 @@ Printed per model: per C, total generated tok/s (all clients' tokens over the wa
 token (request sent -> first text chunk) and p50/p99 inter-token latency (gap between text chunks; a chunk
 holding back half a UTF-8 character carries two tokens, so this errs high); then one client's decode rate
 through HTTP next to generate's, and the server's peak RSS (VmHWM) next to the model's size on disk; and the
-DESIGN §7/§10 targets as met or missed. Timings mean something only on a quiet machine.
+docs/performance.md#targets as met or missed. Timings mean something only on a quiet machine.
 `--serve-args='--spin'` appends options to every `gptedge serve` it starts (an A/B of a serve option).
 
 With `--peer llama-server` the same load also runs against llama.cpp's own server, interleaved, and one comparison

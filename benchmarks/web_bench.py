@@ -11,7 +11,7 @@ Chromium (Debian's, driven by Playwright; pages served from 127.0.0.1 with cross
 - generates 3 prompts x 32 tokens greedily: greedy agreement with gptedge's Python runtime on the same graph
   (mean matching prefix; Optimum's rows against gptedge's fp32, as the reference it should agree with);
 and reports the graph's download size. KL(fp32||q) and top-1 agreement come from `gptedge compare` (Python,
-ONNX Runtime) on --text, Optimum's q8 dir included. The last lines state the target (DESIGN §7): the recommended
+ONNX Runtime) on --text, Optimum's q8 dir included. The last lines state the target (docs/performance.md#targets): the recommended
 web recipe >= 1.5x Optimum q8's tok/s, at no larger size and no higher KL.
 
     python benchmarks/web_bench.py samples/sample-model --work out/web-bench/sample

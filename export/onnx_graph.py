@@ -1,4 +1,4 @@
-"""Write an fp32 graph (DESIGN §3) directly from the reference's weights: standard or kv_buffer.
+"""Write an fp32 graph (docs/design.md#the-onnx-io-contract) directly from the reference's weights: standard or kv_buffer.
 
 No tracing: the family writes its blocks (families.py) with the attention the graph variant
 and `fused` call for (graph_attention.choose_attention); this file writes what all families

@@ -1,4 +1,4 @@
-"""Parity rungs 3-4 (DESIGN §4): an exported graph against the reference GPT.
+"""Parity rungs 3-4 (docs/design.md#the-parity-ladder): an exported graph against the reference GPT.
 
 Rung 3: prefill (empty past) and decode steps of a left-padded batch; logits and every
 present.* within tolerance. Rung 4: greedy ids identical to the reference's, then text.

@@ -1,4 +1,4 @@
-"""The ONNX I/O contract, declared once as data (DESIGN §3).
+"""The ONNX I/O contract, declared once as data (docs/design.md#the-onnx-io-contract).
 
 Export builds graphs with these names, validation checks every one, the runtime feeds them.
 Names and dtypes match Optimum's GPT-2 export so each side loads the other's model dirs.

@@ -1,4 +1,4 @@
-"""The serving engine: one thread owns the model's session and runs continuous batching (DESIGN §10).
+"""The serving engine: one thread owns the model's session and runs continuous batching (docs/design.md#serving).
 
 Requests queue up (at most `max_queue` waiting). Each loop turn runs one prefill run, then one
 decode step of the running batch, so a running row waits at most one prefill run (of at most

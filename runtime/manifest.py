@@ -1,4 +1,4 @@
-"""gptedge.json: the manifest of a model directory (DESIGN §2).
+"""gptedge.json: the manifest of a model directory (docs/design.md#the-model-directory-contract).
 
 Everything the runtime needs comes from here, never from a file name. Frozen dataclasses,
 so a typo in a field name raises instead of silently adding a key.

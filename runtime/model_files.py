@@ -6,7 +6,7 @@ the manifest (`record_files`). Paths are relative, '/'-separated, and confined t
 an absolute path, a `..` part or a symlink leading out is refused (`confined`), so no manifest can
 make another graph run under its name.
 
-What load checks (DESIGN §8, README "Model directory integrity"): every size, always (a stat per
+What load checks (docs/model-directory.md#model-directory-integrity): every size, always (a stat per
 file), and every SHA-256, always, in a thread that runs while ONNX Runtime builds the session
 (`HashCheck`): ONNX Runtime releases the GIL while it does, so the hashing costs little wall time
 where the session takes longer to build than the files take to hash. Measured here (rough, busy

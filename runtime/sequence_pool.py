@@ -1,4 +1,4 @@
-"""Sequence pools: the KV caches of a continuous batch, as the server's engine drives them (DESIGN §10).
+"""Sequence pools: the KV caches of a continuous batch, as the server's engine drives them (docs/design.md#serving).
 
 A pool holds up to `capacity` sequences. The engine adds newcomers whose prompts fit one prefill run
 together with `prefill_group` (one run for all of them), a longer prompt on its own with `prefill` (one

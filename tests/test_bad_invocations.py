@@ -1,4 +1,4 @@
-"""Bad invocations through the real `gptedge` command in a subprocess (DESIGN §8, issue #11).
+"""Bad invocations through the real `gptedge` command in a subprocess (docs/design.md#failures-and-bad-input, issue #11).
 
 Each row runs in its own folder holding copies of what it reads (the source checkpoint, the input
 model, a text), and asserts: the exit code (2: the command line is wrong, 1: the work failed),
@@ -235,7 +235,7 @@ ROWS = [
         ("m", "text.txt"), lambda w: write_checkpoint(tiny_reference("gpt2", vocab_size=1000), w / "ck1000")),
     Row("export-unknown-graph", ["export", "ck", "-o", "x", "--graph", "paged"], 2, "'paged' is not one of", ("ck",)),
     Row("unknown-option", ["generate", "m", "-p", "Hi", "--temp", "0.5"], 2, "No such option '--temp'", ("m",)),
-    # --- the bad-input rows test_cli.py had (DESIGN §8) ------------------------------------------------------
+    # --- the bad-input rows test_cli.py had (docs/design.md#failures-and-bad-input) ------------------------------------------------------
     Row("missing-model-dir", ["generate", "nope", "-p", "x"], 1, "no such model directory"),
     Row("dir-without-manifest-or-config", ["info", "."], 1, "no gptedge.json and no config.json"),
     Row("corrupt-manifest", ["info", "m"], 1, "corrupt manifest", ("m",),

@@ -79,10 +79,10 @@ def test_info_shows_manifest_and_providers(runner, gpt2_model_dir):
     assert "CPUExecutionProvider" in out["providers_available"] and out["providers_used"] == ["CPUExecutionProvider"]
 
 
-# Bad input (DESIGN §8) is in test_bad_invocations.py, through the real command in a subprocess.
+# Bad input (docs/design.md#failures-and-bad-input) is in test_bad_invocations.py, through the real command in a subprocess.
 
 
-# --- every option reaches the library (DESIGN §4: a test that fails when an option is ignored) -------------
+# --- every option reaches the library (docs/design.md#the-parity-ladder: a test that fails when an option is ignored) -------------
 
 
 class Calls:

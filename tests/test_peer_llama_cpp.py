@@ -1,7 +1,7 @@
 """compare --peers llama.cpp: where the converter is found, and (where llama_cpp is installed) the GGUF
 peer's logits, figures and greedy ids against llama.cpp's own API and PyTorch's reference.
 
-The llama.cpp rows need llama-cpp-python (built from source, README) and its sdist's converter
+The llama.cpp rows need llama-cpp-python (built from source, docs/performance.md#building-llama-cpp-python) and its sdist's converter
 ($GPTEDGE_LLAMA_CPP_SOURCE); they are skipped only where `llama_cpp` is not importable.
 """
 

@@ -227,7 +227,7 @@ def test_sixteen_concurrent_requests_get_their_solo_results(server, solo):
     for body, (text, reason) in zip(requests, got):
         sampling = {k: body[k] for k in ("temperature", "top_k", "top_p", "seed", "repetition_penalty") if k in body}
         want = solo_text(solo, body["prompt"], body["max_tokens"], body["stop"] or (), **sampling)
-        if body.get("temperature") == 0:  # greedy: token for token, whatever the batch (README, "Batching")
+        if body.get("temperature") == 0:  # greedy: token for token, whatever the batch (docs/serving.md)
             assert text == want.text
             assert reason == ("length" if want.stop in ("max_new_tokens", "context") else "stop")
         else:  # sampled: the first token comes from the prompt's prefill, which runs alone, so it is the solo one

@@ -48,7 +48,7 @@ class Replay:
 
 
 def test_the_tolerance_is_1e_4():
-    assert GRAPH_TOLERANCE == 1e-4  # DESIGN §4 rung 3, the README's figure
+    assert GRAPH_TOLERANCE == 1e-4  # rung 3 of docs/design.md#the-parity-ladder
 
 
 def test_identical_outputs_pass_with_their_figures(recorded):

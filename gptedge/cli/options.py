@@ -2,7 +2,7 @@
 
 Nothing here imports numpy, onnx or torch: `gptedge --help` loads every command module.
 
-Choices where the issue left them open (README's CLI reference says the same):
+Choices where the issue left them open (docs/cli.md says the same):
 - A count is never 0: every option that counts tokens, prompts, runs, threads or a stride
   refuses 0 (and negatives) with its allowed range, shown in --help. The sampling values
   keep their documented meanings (`--top-k 0`: no top-k filter, `--temperature 0`: greedy).

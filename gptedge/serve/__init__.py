@@ -1,4 +1,4 @@
-"""`gptedge serve`: an OpenAI-compatible HTTP server over the serving engine (DESIGN §10).
+"""`gptedge serve`: an OpenAI-compatible HTTP server over the serving engine (docs/serving.md, docs/design.md#serving).
 
 openai_schema: request parsing and response shapes (no HTTP); app: the Starlette routes, which only
 parse, validate and stream (the engine thread owns the session). A classifier dir: classify_schema (its

@@ -1,6 +1,6 @@
 """/v1/classify as data: parse and check a request body, build the response and the model card's task fields.
 
-No HTTP and no model here (as openai_schema.py for completions). The shapes (README "Serving a classifier"):
+No HTTP and no model here (as openai_schema.py for completions). The shapes (docs/serving.md#serving-a-classifier-post-v1classify):
 
     request   {"model": "entail", "input": EXAMPLE or [EXAMPLE, ...]}       model optional
     EXAMPLE   "text"                                   classification

@@ -1,4 +1,4 @@
-"""What one client can cost the server, bounded before the work (DESIGN §8, README "Serving: limits").
+"""What one client can cost the server, bounded before the work (docs/serving.md#what-one-client-can-cost).
 
 - The request body: at most `max_body` bytes, enforced while it is read (a Content-Length over it is
   refused before a byte is read; a body that grows past it stops being read), and within `body_timeout`

@@ -1,4 +1,4 @@
-"""gptedge on Ray Serve: each replica loads one model dir and runs `gptedge serve`'s own app and engine (DESIGN §10).
+"""gptedge on Ray Serve: each replica loads one model dir and runs `gptedge serve`'s own app and engine (docs/ray.md).
 
     serve run gptedge.serve.ray_app:app model=/shared/models/int8 threads=1 num_replicas=2
     serve run deploy/ray-serve.yaml            # or `serve deploy` the same YAML to a running cluster
