@@ -15,11 +15,17 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_wheel_in_fresh_venv(tmp_path, gpt2_model_dir):
     run = lambda *cmd, **kw: subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900, **kw)  # noqa: E731
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(ROOT))
+    built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path / "dist"), str(ROOT))
+    # A quiet setup: setuptools has nothing to warn about (the license table, data folders taken for packages).
+    for noise in ("SetuptoolsDeprecationWarning", "is absent from the `packages` configuration"):
+        assert noise not in built.stdout + built.stderr, noise
     wheel = next((tmp_path / "dist").glob("gptedge-*.whl"))
     top_level = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert "gptedge" in top_level
     assert not top_level & {"export", "runtime", "quantize", "tests"}, top_level
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {f"gptedge/playground/{f}" for f in ("index.html", "playground.js", "package.json")} <= set(names)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "license-files"
     run(sys.executable, "-m", "venv", str(tmp_path / "venv"))
     py = tmp_path / "venv" / "bin" / "python"
     run(str(py), "-m", "pip", "install", "-q", f"{wheel}[cpu]")
