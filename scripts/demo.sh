@@ -4,7 +4,7 @@
 # Usage: bash scripts/demo.sh [OUT_DIR]   (default out/demo; it is replaced on each run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh demo  # only what the demo needs: no test extra, Ray, node_modules or Chromium
 OUT=${1:-out/demo}
 G=.venv/bin/gptedge
 step() { printf '\n== %s\n' "$*" >&2; }

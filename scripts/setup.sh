@@ -1,21 +1,65 @@
 #!/usr/bin/env bash
-# Create .venv with everything gptedge's commands and tests need, and the web target's clients. Safe to run
-# again: each part reinstalls only when what it installs from changed. torch is installed first, pinned to the
-# CPU build, so nothing pulls a multi-GB CUDA build.
+# Create .venv with what one job needs, one line per step on the terminal and every package manager's output in
+# a log file (shown, its tail and its path, only when a step fails). Safe to run again: a part is reinstalled only
+# when what it installs from changed (pyproject.toml, the playground's package-lock.json).
+#
+# Usage: bash scripts/setup.sh [demo|test]   (default: test)
+#   demo  the main job (scripts/demo.sh): torch (CPU build), ONNX Runtime, export, quantize, plots, serve
+#   test  everything the tests need besides: the test extra (transformers, optimum-onnx, peers, mkdocs), Ray, and
+#         the web target's clients (the playground's JavaScript from npm, Debian's Chromium when run as root)
+# Environment: PYTHON (default python3), GPTEDGE_VENV (default .venv), GPTEDGE_SETUP_LOG (default $VENV/setup.log),
+#   GPTEDGE_SETUP_DRY_RUN=1 (log each install command instead of running it; stamps are written, for testing the flow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PROFILE=${1:-test}
+case "$PROFILE" in
+  demo) EXTRAS="cpu,export,plot,serve" ;;
+  test) EXTRAS="cpu,export,plot,serve,test,ray,docs" ;;
+  *) echo "usage: bash scripts/setup.sh [demo|test]" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
 VENV=${GPTEDGE_VENV:-.venv}
-STAMP="$VENV/.gptedge-installed"
+LOG=${GPTEDGE_SETUP_LOG:-$VENV/setup.log}
+DRY=${GPTEDGE_SETUP_DRY_RUN:-}
+mkdir -p "$(dirname "$LOG")"
+
+# step "what it does" COMMAND...: one line on stderr; the command's output goes to the log.
+step() {
+  local what=$1 rc=0
+  shift
+  printf 'setup: %s ... ' "$what" >&2
+  printf '\n== %s  %s\n$ %s\n' "$(date -u +%FT%TZ)" "$what" "$*" >>"$LOG"
+  if [ -n "$DRY" ]; then
+    echo "(dry run)" >>"$LOG"
+  else
+    "$@" >>"$LOG" 2>&1 </dev/null || rc=$?
+  fi
+  if [ "$rc" -ne 0 ]; then
+    echo "failed (exit $rc)" >&2
+    echo "---- the last 40 lines of $LOG:" >&2
+    tail -n 40 "$LOG" >&2
+    echo "---- the whole log: $LOG" >&2
+    exit "$rc"
+  fi
+  echo "ok" >&2
+}
+
+# A stamp holds the hash of what a part was installed from; `fresh STAMP WANT` is true when it still matches.
+fresh() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
+
+# Python packages. The test profile installs a superset of demo's, so a test stamp satisfies demo too.
 WANT="$(sha256sum pyproject.toml | cut -c1-16)"
-if ! { [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; }; then
-  echo "setting up $VENV (torch CPU, onnxruntime, transformers, optimum-onnx, ray[serve]) ..." >&2
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q torch==2.13.0 >&2
-  "$VENV/bin/python" -m pip install -q -e ".[cpu,export,plot,serve,test,ray]" >&2
-  echo "$WANT" > "$STAMP"
+if fresh "$VENV/.gptedge-installed-$PROFILE" "$WANT" || { [ "$PROFILE" = demo ] && fresh "$VENV/.gptedge-installed-test" "$WANT"; }; then
+  echo "setup: $VENV is up to date ($PROFILE)" >&2
+else
+  [ -x "$VENV/bin/python" ] || step "creating $VENV with $PY" "$PY" -m venv "$VENV"
+  step "updating pip" "$VENV/bin/python" -m pip install --upgrade pip
+  # torch first, the CPU build pinned, so nothing later pulls a multi-GB CUDA build
+  step "installing torch 2.13.0 (CPU build)" "$VENV/bin/python" -m pip install torch==2.13.0
+  step "installing gptedge[$EXTRAS] (editable)" "$VENV/bin/python" -m pip install -e ".[$EXTRAS]"
+  echo "$WANT" >"$VENV/.gptedge-installed-$PROFILE"
 fi
+[ "$PROFILE" = test ] || exit 0
 
 # The web target's clients (tests/test_web_*.py; they skip with one line where these are missing):
 # - the playground's JavaScript, from the npm registry as gptedge/playground/package-lock.json pins it; scripts never
@@ -24,13 +68,20 @@ fi
 PLAYGROUND=gptedge/playground
 WEB_STAMP="$PLAYGROUND/node_modules/.gptedge-lock"
 WEB_WANT="$(sha256sum "$PLAYGROUND/package-lock.json" | cut -c1-16)"
-if command -v npm >/dev/null && ! { [ -f "$WEB_STAMP" ] && [ "$(cat "$WEB_STAMP")" = "$WEB_WANT" ]; }; then
-  echo "installing the playground's JavaScript (npm ci --ignore-scripts) ..." >&2
-  (cd "$PLAYGROUND" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2)
-  echo "$WEB_WANT" > "$WEB_STAMP"
+if ! command -v npm >/dev/null; then
+  echo "setup: no npm on this machine: the playground's JavaScript is not installed (its tests skip)" >&2
+elif ! fresh "$WEB_STAMP" "$WEB_WANT"; then
+  step "installing the playground's JavaScript (npm ci --ignore-scripts)" \
+    bash -c 'cd "$1" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error' npm-ci "$PLAYGROUND"
+  [ -n "$DRY" ] || echo "$WEB_WANT" >"$WEB_STAMP"  # a dry run must not mark the repository's node_modules installed
 fi
-if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "installing Debian's chromium (no recommends) ..." >&2
-  apt-get update -qq >&2 || true
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >&2
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # a failed index update is not fatal: the package may be installable from the index already there
+    step "updating apt's package index" sh -c 'apt-get update -qq || true'
+    step "installing Debian's chromium (no recommends)" \
+      env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+  else
+    echo "setup: no /usr/bin/chromium and no root to install it: the browser tests skip" >&2
+  fi
 fi
