@@ -41,6 +41,7 @@ def peer_run(gpt2_loaded, gpt2_checkpoint, gpt2_model_dir, text_ids):
         yield {r.model: r for r in rows}, {s.info.name: s for s in scorers}, skipped
 
 
+@pytest.mark.interop  # CTranslate2 and Optimum run here (the test extra)
 def test_rows_for_every_peer_recipe_one_per_ctranslate2_compute_type(peer_run):
     rows, _, skipped = peer_run
     assert skipped == []
@@ -54,6 +55,7 @@ def test_rows_for_every_peer_recipe_one_per_ctranslate2_compute_type(peer_run):
     assert not next(iter(rows.values())).peer
 
 
+@pytest.mark.interop  # CTranslate2 and Optimum run here (the test extra)
 def test_peers_fed_fp32_weights_agree_with_the_reference(peer_run):
     rows, _, _ = peer_run
     ref = next(iter(rows.values()))
@@ -63,6 +65,7 @@ def test_peers_fed_fp32_weights_agree_with_the_reference(peer_run):
         assert abs(r.perplexity / ref.perplexity - 1) < 1e-6 and r.precision == "fp32"
 
 
+@pytest.mark.interop  # CTranslate2 and Optimum run here (the test extra)
 def test_int8_peers_differ_from_fp32_by_a_small_finite_kl(peer_run):
     rows, scorers, _ = peer_run
     for name, fp32 in (("ctranslate2 int8 (= int8_float32)", "ctranslate2 float32"), ("optimum int8", "optimum fp32")):
@@ -74,6 +77,7 @@ def test_int8_peers_differ_from_fp32_by_a_small_finite_kl(peer_run):
         assert np.abs(scorers[name].logits(ids) - scorers[fp32].logits(ids)).max() > 1e-3
 
 
+@pytest.mark.interop  # CTranslate2 and Optimum run here (the test extra)
 def test_peer_figures_against_an_independent_oracle(peer_run, gpt2_checkpoint, gpt2_model_dir, text_ids, tmp_path):
     """KL(ref‖q), top-1 and perplexity of CTranslate2 int8, recomputed from PyTorch's reference and a CTranslate2
     model converted here; tight enough to tell KL(ref‖q) from KL(q‖ref)."""
@@ -127,6 +131,7 @@ def engine_token(model_dir, i: int) -> str:
     return Tokenizer.from_file(str(model_dir / "tokenizer.json")).id_to_token(i)
 
 
+@pytest.mark.interop  # CTranslate2 and Optimum run here (the test extra)
 def test_optimum_fp32_greedy_equals_gptedge(peer_run, gpt2_loaded, text_ids):
     """Optimum's own generate on its fp32 export, through the peer, against gptedge's fp32 (itself checked
     against PyTorch): the same ids, and a greedy continuation that stops where eos is."""
@@ -137,6 +142,7 @@ def test_optimum_fp32_greedy_equals_gptedge(peer_run, gpt2_loaded, text_ids):
         assert got.ids == gpt2_loaded.generate(prompt, max_new_tokens=12, greedy=True).ids and got.tokens_per_s > 0
 
 
+@pytest.mark.interop  # CTranslate2 and Optimum run here (the test extra)
 def test_dominated_by_matches_a_brute_force_reading(peer_run):
     rows = list(peer_run[0].values())
     for r in rows:
@@ -201,6 +207,7 @@ def test_frontier_panel_fills_the_front_and_draws_its_steps():
     plt.close(fig)
 
 
+@pytest.mark.interop  # CTranslate2 and Optimum run here (the test extra)
 def test_compare_cli_peers_json_markdown_plot(gpt2_model_dir, tmp_path):
     """The CLI with --peers and the checkpoint from REF's manifest: peer rows in the JSON, the table and the chart."""
     text = tmp_path / "t.txt"
@@ -220,6 +227,7 @@ def test_compare_cli_peers_json_markdown_plot(gpt2_model_dir, tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.interop  # CTranslate2 and Optimum run here (the test extra)
 def test_compare_cli_source_is_the_peers_checkpoint(gpt2_model_dir, tmp_path):
     """--source replaces the manifest's checkpoint: another seed's weights, so a KL far from the int8 figure."""
     other = write_checkpoint(tiny_reference("gpt2", seed=7), tmp_path / "other")

@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import ROOT, tiny_config, write_checkpoint
 
 og = pytest.importorskip("onnxruntime_genai")  # the `test` extra installs it; only a bare install skips
+pytestmark = pytest.mark.interop  # another engine (ONNX Runtime GenAI) on gptedge's dirs
 
 PROMPTS = ["It is a truth universally acknowledged", "Hello", "The quick brown fox jumps over the lazy"]
 BATCH = ["Sir Walter Elliot", "Hello", "of Kellynch Hall, in Somersetshire, was a man", "who"]

@@ -18,6 +18,10 @@ from gptedge.runtime.evaluate import perplexity
 
 from .conftest import EXCERPT, ROOT, reference_perplexity
 
+# The real 6.9M-parameter model exported, quantized and evaluated end to end: minutes on 2 cores, so it runs in the
+# whole suite (CI) and stays out of the fast subset (docs/development.md#tests).
+pytestmark = pytest.mark.slow
+
 SAMPLE = ROOT / "samples" / "sample-model"
 CALIBRATION = ROOT / "samples" / "calibration" / "emma_ch1-4.txt"
 EVAL_TOKENS = 12_000  # of the held-out excerpt: enough for stable figures, fast enough for CI
