@@ -29,6 +29,9 @@ if [ ! -d /tmp/ortgpu/onnxruntime ]; then
   rm -f /tmp/ortgpu/ort.tar.zst
 fi
 [ -f samples/sample-model/model.safetensors ] || cp /tmp/ortgpu/model.safetensors samples/sample-model/model.safetensors
+if ls .gpbin/whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/genai/starlette ]; then  # serve's extra, for SERVE_CLIENTS
+  python3 -m pip install -q --no-deps --no-index --target /tmp/genai .gpbin/whl/*.whl
+fi
 if ls .gpgenai/*.whl >/dev/null 2>&1 && [ ! -d /tmp/genai/onnxruntime_genai ]; then
   python3 -m pip install -q --no-deps --no-index --target /tmp/genai .gpgenai/*.whl
 fi
@@ -47,8 +50,18 @@ except Exception as e:
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 say "CUDA tests"
-timeout 300 python3 -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider -s 2>&1 | tail -25 | tee "$OUT/tests.txt"
-say "benchmark"
-timeout 420 python3 benchmarks/gpu_bench.py --work /tmp/gpu-bench --sizes small --batches "$BATCHES" \
-  --engines "${ENGINES:-gptedge,gptedge-eager,genai}" --repeat 3 --out "$OUT/gpu.jsonl" 2>&1 | tail -40
+timeout 300 python3 -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider -s ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
+  | tail -25 | tee "$OUT/tests.txt"
+if [ -n "${ENGINES-x}" ]; then
+  say "benchmark"
+  timeout 420 python3 benchmarks/gpu_bench.py --work /tmp/gpu-bench --sizes small --batches "$BATCHES" \
+    --engines "${ENGINES:-gptedge,gptedge-eager,genai}" --repeat 3 --out "$OUT/gpu.jsonl" 2>&1 | tail -40
+fi
+if [ -n "${SERVE_CLIENTS:-}" ]; then  # `gptedge serve --device cuda` under C streaming clients (serve_load.py)
+  say "serve load"
+  [ -d /tmp/gpu-bench/small-fp16 ] || python3 benchmarks/gpu_bench.py --work /tmp/gpu-bench --sizes small \
+    --batches 1 --engines gptedge --repeat 1 --out "$OUT/gpu-prepare.jsonl" >/dev/null 2>&1
+  timeout 300 python3 benchmarks/serve_load.py /tmp/gpu-bench/small-fp16 --device cuda --clients "$SERVE_CLIENTS" \
+    --requests "${SERVE_REQUESTS:-2}" --max-batch 64 2>&1 | tail -30 | tee "$OUT/serve.txt"
+fi
 say "done"

@@ -13,14 +13,14 @@ context and rewrites their contents in place:
 - logits (B, 1, V), read by the greedy ArgMax session or copied to the host.
 
 The mask is always `context` wide: such a graph reads its timeline from the mask's content (manifest
-`wide_mask`, export/graph_attention.timeline_length), and the columns past the positions held are zeros.
+`wide_mask`, export/graph_attention.timeline_lengths), and the columns past the positions held are zeros.
 Prefill runs (several positions, shapes that vary) go through the model's ordinary session into the same
 buffers; decode steps go through a second session made with `enable_cuda_graph`, each batch size under its
 own graph id (ONNX Runtime's `gpu_graph_id` run option), so the ordinary session never captures anything.
 The second session holds its own copy of the weights on the GPU.
 
 ONNX Runtime captures a graph only when no node copies between host and GPU. Two parts of an exported graph
-would: the timeline's length (graph_attention.timeline_length, written without host shapes for this), and the
+would: the timeline's length (graph_attention.timeline_lengths, written without host shapes for this), and the
 LM head's `logits_to_keep` slice, whose arithmetic on a graph input ONNX Runtime places on the GPU and whose
 result the slice reads on the host. The decode session is therefore made from the graph with `logits_to_keep`
 taken out of its inputs (decode_graph_bytes): its initializer, 0 (every position), is then a constant that
@@ -47,6 +47,7 @@ from .onnx_wire import without_graph_input
 log = logging.getLogger(__name__)
 
 GRAPH_ID_OPTION = "gpu_graph_id"  # ONNX Runtime's run option: which captured graph a run replays
+POOL_GRAPH_IDS = 1 << 20  # a server pool's graph id is this + its capacity; a generation's is its batch size
 
 
 def decode_graph_bytes(model: bytes) -> bytes:
@@ -213,6 +214,12 @@ class CudaGraphs:
         state = GraphDecodeState(decoder)
         weakref.finalize(state, self._release, batch)
         return state
+
+    def pool_decoder(self, capacity: int) -> GraphDecoder:
+        """A decoder of its own for a server's DeviceSlotPool (never shared with generations), under a graph id
+        apart from the per-batch ones."""
+        return GraphDecoder(self.variant, capacity, self.session, self._run_options(POOL_GRAPH_IDS + capacity),
+                            self._failed)
 
     def _release(self, batch: int) -> None:
         with self._lock:

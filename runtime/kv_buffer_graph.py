@@ -18,7 +18,8 @@ import numpy as np
 
 from . import contract as C
 from .argmax_graph import argmax_model
-from .cuda_graph import CudaGraphs
+from .cuda_graph import CudaGraphs, GraphDecoder
+from .device_slot_pool import DeviceSlotPool
 from .graph_variant import GraphVariant, reorder_rows
 from .kv_buffer_pool import SlotPool
 from .manifest import ModelShape
@@ -141,9 +142,17 @@ class KVBufferGraph(GraphVariant):
         return requested if batch == 1 else None
 
     def sequence_pool(self, capacity: int, max_length: int):
-        if self.kv_device != "cpu":  # SlotPool's rows are host memory: elsewhere each sequence keeps its own
-            return super().sequence_pool(capacity, max_length)
-        return SlotPool(self, capacity, max_length)
+        if self.kv_device == "cpu":
+            return SlotPool(self, capacity, max_length)
+        if self.manifest.wide_mask:  # rows of their own on the device, one (captured) decode run for all of them
+            return DeviceSlotPool(self, capacity, max_length, self.pool_decoder(capacity))
+        return super().sequence_pool(capacity, max_length)  # SlotPool's rows are host memory
+
+    def pool_decoder(self, capacity: int) -> GraphDecoder:
+        """A decoder of `capacity` rows for a DeviceSlotPool: through the capture session where CUDA graphs are on."""
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs.pool_decoder(capacity)
+        return GraphDecoder(self, capacity, self.session)
 
     def forward(self, input_ids, attention_mask, position_ids, past: Sequence[np.ndarray]):
         """Off the generation path (validation, eval): grow the given past into buffers that hold the

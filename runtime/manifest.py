@@ -199,7 +199,7 @@ class Manifest:
     # no KV cache. Absent (None) in a language model's manifest, which is written without the key, as before.
     task: Task | None = None
     # A kv_buffer graph that reads its timeline from the attention mask's content (export/graph_attention.py
-    # timeline_length), so a decode step may bind a mask wider than the positions held: what a captured CUDA
+    # timeline_lengths), so a decode step may bind a mask wider than the positions held: what a captured CUDA
     # graph needs (runtime/cuda_graph.py). Absent (False) in older dirs and written only when True.
     wide_mask: bool = False
 

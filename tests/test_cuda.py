@@ -127,3 +127,30 @@ def test_cuda_graphs_decode_as_the_ordinary_path(dirs):
     a = graphs.generate(PROMPTS[0], 16, top_k=20, seed=3, ignore_eos=True)
     b = plain.generate(PROMPTS[0], 16, top_k=20, seed=3, ignore_eos=True)
     assert a.ids[:8] == b.ids[:8]
+
+
+def test_the_engine_on_cuda_serves_from_device_slots_as_generate(dirs):
+    """`serve --device cuda`: the engine's pool is the GPU's slot pool (runtime/device_slot_pool.py), its decode
+    step one captured graph over every slot; greedy requests get generate()'s tokens."""
+    from gptedge.runtime import load
+    from gptedge.runtime.device_slot_pool import DeviceSlotPool
+    from gptedge.runtime.engine import CompletionRequest, Engine
+    from gptedge.runtime.sampling import SamplingParams
+
+    from .test_engine import Collector
+
+    model = load(dirs["fp16-kv_buffer"], device="cuda")
+    prompts = [model.encode(p) for p in PROMPTS] * 3
+    solo = [model.generate(p, 16, greedy=True, ignore_eos=True).ids for p in prompts]
+    engine = Engine(model, max_batch=4, max_queue=16, prefill_chunk=8).start()
+    assert isinstance(engine.pool, DeviceSlotPool)
+    got = [Collector() for _ in prompts]
+    for p, c in zip(prompts, got):
+        engine.submit(CompletionRequest(tuple(p), 16, sampling=SamplingParams(greedy=True), ignore_eos=True), c)
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert model.variant.cuda_graphs.failed is None
+    same = sum(next((i for i, (a, b) in enumerate(zip(w, c.last.generation.ids)) if a != b), len(w))
+               for w, c in zip(solo, got))
+    print(f"engine on CUDA vs generate: {same}/{16 * len(prompts)} leading greedy tokens identical")
+    assert same >= 0.9 * 16 * len(prompts)
