@@ -64,7 +64,8 @@ def row(args: list[str], timeout: float) -> dict:
     sampler.join()
     if proc.returncode:
         return {"error": (err.strip().splitlines() or ["?"])[-1][:300]}
-    return {**json.loads(out.strip().splitlines()[-1]), "gpu_peak_mib": peak[0]}
+    warnings = [line[:300] for line in err.splitlines() if "WARNING" in line or "CUDA graph" in line][-3:]
+    return {**json.loads(out.strip().splitlines()[-1]), "gpu_peak_mib": peak[0], **({"warnings": warnings} if warnings else {})}
 
 
 def prepare(size: str, work: Path) -> dict[str, Path]:
@@ -116,7 +117,8 @@ def main() -> None:
         dirs = prepare(size, a.work)
         for batch in map(int, a.batches.split(",")):
             for engine in a.engines.split(","):
-                targets = {"gptedge": ["fp16", "int8 weight-only"], "genai": ["fp16"]}.get(engine, ["ckpt"])
+                targets = {"gptedge": ["fp16", "int8 weight-only"], "gptedge-eager": ["fp16", "int8 weight-only"],
+                           "genai": ["fp16"]}.get(engine, ["ckpt"])
                 for target in targets:
                     args = [engine, "--batch", str(batch), "--repeat", str(a.repeat), "--work", str(a.work / size),
                             "--source", str(dirs["ckpt"]), "--model-dir", str(dirs.get(target, dirs["fp16"]))]

@@ -7,7 +7,8 @@ the median of --repeat runs after a warm-up. CUDA work is synchronised before ea
 
     python benchmarks/gpu_peers.py ENGINE --source CKPT --model-dir DIR --batch 8 [--device cuda]
 
-ENGINE: gptedge | torch | torch-compile | optimum | genai. Run by benchmarks/gpu_bench.py, one process
+ENGINE: gptedge (CUDA graphs where the dir allows) | gptedge-eager (without) | torch | torch-compile | optimum |
+genai. Run by benchmarks/gpu_bench.py, one process
 per row, so each row's GPU memory is its own.
 """
 
@@ -32,10 +33,12 @@ def timed(generate, new_tokens: int, batch: int, repeat: int, sync=lambda: None)
     return {"ttft_ms": 1000 * ttft, "decode_tok_s": rate, "runs": runs}
 
 
-def gptedge_row(a, prompts) -> dict:
-    row = bench_gptedge(a.model_dir, prompts, a.new, repeat=a.repeat, device=a.device)  # `gptedge bench` itself
-    return {"engine": row.name, "load_s": row.load_s, "ttft_ms": 1000 * row.ttft_s, "decode_tok_s": row.decode_tok_s,
-            "runs": row.runs, "providers": row.notes}
+def gptedge_row(a, prompts, cuda_graph: bool = True) -> dict:
+    row = bench_gptedge(a.model_dir, prompts, a.new, repeat=a.repeat, device=a.device,
+                        cuda_graph=cuda_graph)  # `gptedge bench` itself
+    graphs = "CUDA graphs" in row.notes
+    return {"engine": f"{row.name} ({'CUDA graphs' if graphs else 'no CUDA graphs'})", "load_s": row.load_s,
+            "ttft_ms": 1000 * row.ttft_s, "decode_tok_s": row.decode_tok_s, "runs": row.runs, "providers": row.notes}
 
 
 def torch_row(a, prompts, compile_: bool) -> dict:
@@ -104,7 +107,7 @@ def genai_row(a, prompts) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("engine", choices=["gptedge", "torch", "torch-compile", "optimum", "genai"])
+    ap.add_argument("engine", choices=["gptedge", "gptedge-eager", "torch", "torch-compile", "optimum", "genai"])
     ap.add_argument("--source", help="HF checkpoint (torch, optimum)")
     ap.add_argument("--model-dir", help="gptedge model dir (gptedge, genai)")
     ap.add_argument("--work", default="/tmp/gpu-bench", help="scratch (Optimum's export)")
@@ -116,7 +119,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=50257)
     a = ap.parse_args()
     prompts = bench_prompts(a.vocab, a.batch, a.prompt)
-    rows = {"gptedge": lambda: gptedge_row(a, prompts), "torch": lambda: torch_row(a, prompts, False),
+    rows = {"gptedge": lambda: gptedge_row(a, prompts), "gptedge-eager": lambda: gptedge_row(a, prompts, False),
+            "torch": lambda: torch_row(a, prompts, False),
             "torch-compile": lambda: torch_row(a, prompts, True), "optimum": lambda: optimum_row(a, prompts),
             "genai": lambda: genai_row(a, prompts)}
     row = rows[a.engine]()

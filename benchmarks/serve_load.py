@@ -238,14 +238,15 @@ def bench_model(model: Path, args, in_process: bool = True) -> dict:
     prompts = load_prompts(manifest.shape.vocab_size, args)
     solo = None
     if in_process:  # --peer leaves it out: the comparison is between servers
-        loaded = load(model, device="cpu", session=SessionConfig(threads=args.threads))
+        loaded = load(model, device=args.device, session=SessionConfig(threads=args.threads))
         loaded.generate(prompts[0], 8, greedy=True, ignore_eos=True)  # warm-up
         solo = [loaded.generate(p, args.new, greedy=True, ignore_eos=True).tokens_per_s for p in prompts[:3]]
         del loaded
     size_mib = graph_size(model, manifest.model_file) / 2**20
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(model, args.threads, args.max_batch, Path(tmp) / "serve.log", args.serve_args)
+        proc, url = start_server(model, args.threads, args.max_batch, Path(tmp) / "serve.log",
+                                 [*args.serve_args, "--device", args.device])
         try:
             rows = measure_load(url, prompts, args)
             rss = peak_rss_mib(proc.pid)
@@ -481,6 +482,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="Requests each client sends, one after another.")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (server and generate).")
     ap.add_argument("--max-batch", type=int, default=None, help="Server's --max-batch (default: the most clients).")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="Where generate and the server run (cuda: the GPU's slot pool and CUDA graphs).")
     ap.add_argument("--serve-args", default=None,
                     help="gptedge serve options appended, as --serve-args='--spin' (an A/B of a serve option).")
     peer = ap.add_argument_group("--peer llama-server")

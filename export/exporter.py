@@ -20,7 +20,7 @@ import onnx
 from gptedge import __version__, runtime
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import WeightSink, save_onnx
-from gptedge.runtime.contract import GRAPH_STANDARD, IONames
+from gptedge.runtime.contract import GRAPH_KV_BUFFER, GRAPH_STANDARD, IONames
 from gptedge.runtime.errors import CheckpointError
 from gptedge.runtime.fingerprint import record_fingerprint
 from gptedge.runtime.genai_config import write_genai_files
@@ -105,6 +105,7 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
         names = IONames(cfg.n_layer)
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
                             pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(names.inputs),
+                            wide_mask=graph_variant == GRAPH_KV_BUFFER,
                             outputs=tuple(names.outputs),
                             source=Source(**(source_info or {}), opset=opset, gptedge_version=__version__,
                                           activation=cfg.activation, layer_norm_epsilon=cfg.layer_norm_epsilon,

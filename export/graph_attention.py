@@ -90,10 +90,32 @@ class MultiHeadAttention(AttentionWriter):
         return linear(g, y, w, f"{p}.c_proj")
 
 
+def timeline_lengths(g: GraphWriter) -> str:
+    """(B,) int64: the positions each row holds after this run, read from the mask's content, not its width: one
+    past the last column where the row has a 1 (at least 1). For a left-padded batch (generate, the CPU's shared
+    timeline) every row ends at the mask's last column, so this is the width T for all rows. A wider mask (zeros on
+    the right) is what a captured CUDA graph binds, one fixed (B, context) buffer for every step, and rows of
+    different lengths each starting at position 0 are what the GPU's slot pool keeps (docs/design.md#cuda-graphs).
+    Written from constants and the mask alone: a host-side shape feeding it would need a copy to the GPU, and a
+    graph with copies cannot be captured."""
+    width = g.one("Shape", [C.ATTENTION_MASK], start=1, end=2)  # [W]
+    columns = g.one("Range", [g.one("Squeeze", [g.i64([1])]), g.one("Squeeze", [g.one("Add", [width, g.i64([1])])]),
+                              g.one("Squeeze", [g.i64([1])])])  # (W,) 1..W
+    marked = g.one("Mul", [C.ATTENTION_MASK, columns])  # (B, W): column index + 1 where the mask is 1
+    if g.opset >= 18:  # axes became an input
+        last = g.one("ReduceMax", [marked, g.i64([1])], keepdims=0, name="timeline_last")  # (B,)
+    else:
+        last = g.one("ReduceMax", [marked], axes=[1], keepdims=0, name="timeline_last")  # (B,)
+    return g.one("Max", [last, g.i64([1])], name="timeline_lengths")  # (B,)
+
+
 class GroupQueryAttention(AttentionWriter):
     """com.microsoft GroupQueryAttention over a KV buffer (B, nh, max_len, hs) that past and present share:
     the new keys/values are written in place, nothing is copied. Padding is masked by the additive bias,
-    so every row counts its padding as positions (seqlens_k = total - 1 for all rows)."""
+    so every row of a left-padded batch counts its padding as positions (seqlens_k = T - 1 for all rows). The
+    mask may be wider than the positions held (see timeline_lengths): total_sequence_length is its width W, the
+    bias (B, 1, S, W) masks the columns past each row's end, and GroupQueryAttention reads positions
+    < seqlens_k + 1 of each row only."""
 
     graphs = frozenset({C.GRAPH_KV_BUFFER})
     contrib = True
@@ -101,11 +123,12 @@ class GroupQueryAttention(AttentionWriter):
     def __init__(self, g: GraphWriter, cfg: GPTConfig, allowed: str):
         super().__init__(g, cfg, allowed)
         self.bias = _additive_bias(g, allowed)
-        total = g.one("Shape", [C.ATTENTION_MASK], start=1, end=2)  # [T]
-        batch = g.one("Shape", [C.INPUT_IDS], start=0, end=1)  # [B]
-        # seqlens_k (B,) int32 = T - 1, and total_sequence_length (scalar int32) = T
-        self.seqlens_k = g.one("Expand", [g.one("Cast", [g.one("Sub", [total, g.i64([1])])], to=TensorProto.INT32), batch])
-        self.total = g.one("Cast", [g.one("Squeeze", [total])], to=TensorProto.INT32)
+        lengths = timeline_lengths(g)  # (B,)
+        width = g.one("Shape", [C.ATTENTION_MASK], start=1, end=2)  # [W]
+        # seqlens_k (B,) int32 = each row's length - 1 (computed on the provider's device; the new position is
+        # written there), and total_sequence_length (scalar int32) = W, a shape ONNX Runtime reads on the host
+        self.seqlens_k = g.one("Cast", [g.one("Sub", [lengths, g.i64([1])])], to=TensorProto.INT32)
+        self.total = g.one("Cast", [g.one("Squeeze", [width])], to=TensorProto.INT32)
 
     def __call__(self, x: str, w: Weights, i: int) -> str:
         g, p = self.g, f"h.{i}.attn"

@@ -26,8 +26,9 @@ FLOAT_MIN = float(np.finfo(np.float32).min)
 class GraphWriter:
     """Collects nodes and initializers with unique names."""
 
-    def __init__(self, sink: WeightSink | None = None) -> None:
+    def __init__(self, sink: WeightSink | None = None, opset: int = 17) -> None:
         self.sink = sink or WeightSink()  # default: every initializer inline
+        self.opset = opset  # the graph's ONNX opset: ops whose signature changed (Reduce* axes at 18) ask it
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._count = 0

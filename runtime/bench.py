@@ -43,9 +43,9 @@ def bench_prompts(vocab: int, batch: int, length: int, seed: int = 0) -> list[li
 
 
 def bench_gptedge(model_dir: str, prompts: list[list[int]], new_tokens: int, threads: int | None = None,
-                  repeat: int = 3, device: str = "cpu", name: str | None = None) -> BenchRow:
+                  repeat: int = 3, device: str = "cpu", name: str | None = None, cuda_graph: bool = True) -> BenchRow:
     started = time.perf_counter()
-    model = load(model_dir, device=device, session=SessionConfig(threads=threads))
+    model = load(model_dir, device=device, session=SessionConfig(threads=threads, cuda_graph=cuda_graph))
     load_s = time.perf_counter() - started
     model.generate_batch(prompts, max_new_tokens=4, greedy=True, ignore_eos=True, with_text=False)  # warm-up
     ttft, rates = [], []
@@ -57,4 +57,10 @@ def bench_gptedge(model_dir: str, prompts: list[list[int]], new_tokens: int, thr
     method = m.quantization.method if m.quantization and m.quantization.method != m.precision else ""  # fp16: once
     label = name or f"gptedge {m.precision} {method}".strip()
     return BenchRow(label, load_s, statistics.median(ttft), statistics.median(rates), peak_rss_mb(),
-                    notes=", ".join(model.providers), runs=rates)
+                    notes=", ".join(model.providers + (["CUDA graphs"] if _uses_cuda_graphs(model) else [])),
+                    runs=rates)
+
+
+def _uses_cuda_graphs(model) -> bool:
+    graphs = getattr(model.variant, "cuda_graphs", None)
+    return graphs is not None and graphs.failed is None

@@ -18,6 +18,8 @@ import numpy as np
 
 from . import contract as C
 from .argmax_graph import argmax_model
+from .cuda_graph import CudaGraphs, GraphDecoder
+from .device_slot_pool import DeviceSlotPool
 from .graph_variant import GraphVariant, reorder_rows
 from .kv_buffer_pool import SlotPool
 from .manifest import ModelShape
@@ -105,6 +107,12 @@ class KVBufferGraph(GraphVariant):
         # Greedy tokens are picked where the logits are on a GPU; on the CPU numpy's argmax is as fast
         # (tests set it on the CPU to check the ArgMax session there)
         self.pick_on_device = self.kv_device != "cpu"
+        self.cuda_graphs: CudaGraphs | None = None  # decode steps replayed as CUDA graphs (enable_cuda_graphs)
+
+    def enable_cuda_graphs(self, capture_session) -> None:
+        """Replay decode steps as CUDA graphs through `capture_session` (made with enable_cuda_graph) where the
+        dir's graph takes a context-wide mask (manifest wide_mask); runtime/cuda_graph.py says how."""
+        self.cuda_graphs = CudaGraphs(self, capture_session)
 
     @property
     def argmax_session(self):
@@ -121,7 +129,11 @@ class KVBufferGraph(GraphVariant):
         if keep or self._keep_required:
             binding.bind_ortvalue_input(C.LOGITS_TO_KEEP, self._keep[keep])
 
-    def start(self, batch: int, max_length: int) -> KVBufferState:
+    def start(self, batch: int, max_length: int):
+        if self.cuda_graphs is not None:
+            state = self.cuda_graphs.acquire(batch, max_length)
+            if state is not None:
+                return state
         return KVBufferState(self, batch, max_length)
 
     def prefill_chunk(self, batch: int, requested: int | None) -> int | None:
@@ -130,9 +142,17 @@ class KVBufferGraph(GraphVariant):
         return requested if batch == 1 else None
 
     def sequence_pool(self, capacity: int, max_length: int):
-        if self.kv_device != "cpu":  # SlotPool's rows are host memory: elsewhere each sequence keeps its own
-            return super().sequence_pool(capacity, max_length)
-        return SlotPool(self, capacity, max_length)
+        if self.kv_device == "cpu":
+            return SlotPool(self, capacity, max_length)
+        if self.manifest.wide_mask:  # rows of their own on the device, one (captured) decode run for all of them
+            return DeviceSlotPool(self, capacity, max_length, self.pool_decoder(capacity))
+        return super().sequence_pool(capacity, max_length)  # SlotPool's rows are host memory
+
+    def pool_decoder(self, capacity: int) -> GraphDecoder:
+        """A decoder of `capacity` rows for a DeviceSlotPool: through the capture session where CUDA graphs are on."""
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs.pool_decoder(capacity)
+        return GraphDecoder(self, capacity, self.session)
 
     def forward(self, input_ids, attention_mask, position_ids, past: Sequence[np.ndarray]):
         """Off the generation path (validation, eval): grow the given past into buffers that hold the

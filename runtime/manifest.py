@@ -198,6 +198,10 @@ class Manifest:
     # A fine-tuned task head (runtime/tasks.py): its graph outputs the head's logits, not the vocabulary's, and has
     # no KV cache. Absent (None) in a language model's manifest, which is written without the key, as before.
     task: Task | None = None
+    # A kv_buffer graph that reads its timeline from the attention mask's content (export/graph_attention.py
+    # timeline_lengths), so a decode step may bind a mask wider than the positions held: what a captured CUDA
+    # graph needs (runtime/cuda_graph.py). Absent (False) in older dirs and written only when True.
+    wide_mask: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -216,6 +220,8 @@ class Manifest:
             del d["task"]  # a language model's manifest is what older gptedge wrote and reads
         if self.kv_cache == DEFAULT_KV_CACHE:
             del d["kv_cache"]  # as format 2 wrote it, so an older gptedge still reads the dir
+        if not self.wide_mask:
+            del d["wide_mask"]
         return d
 
     @classmethod

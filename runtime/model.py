@@ -21,6 +21,7 @@ import numpy as np
 
 from .arguments import check_bool, check_ids, check_options, check_stop, check_text
 from .beam_search import BeamOptions, BeamResult, beam_search
+from .cuda_graph import decode_graph_bytes
 from .errors import InvalidArgumentError, ModelDirError
 from .generation import PREFILL_CHUNK, Generation, run_generation
 from .graph_check import check_graph, manifest_from_hf_dir
@@ -28,7 +29,7 @@ from .graph_variant import GraphVariant, variant_for
 from .integrity import open_checked_session
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .sampling import SamplingParams
-from .session import SessionConfig, import_onnxruntime
+from .session import SessionConfig, import_onnxruntime, make_session
 from .tasks import article
 from .tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 
@@ -182,6 +183,19 @@ def sampling_params(sampling: SamplingParams | None, fields: dict) -> SamplingPa
     return sampling
 
 
+def _enable_cuda_graphs(variant, manifest, graph: Path, device: str, config: SessionConfig) -> None:
+    """A second session with CUDA graphs for decode steps, where the GPU, the graph and the config allow it;
+    one that ONNX Runtime refuses leaves the ordinary path, with a log line."""
+    if not (config.cuda_graph and manifest.wide_mask and getattr(variant, "kv_device", "cpu") == "cuda"):
+        return
+    try:
+        model = decode_graph_bytes(graph.read_bytes())
+        variant.enable_cuda_graphs(make_session(model, device=device, config=config, capture=True,
+                                                external_data_dir=str(graph.parent)))
+    except Exception as e:  # ONNX Runtime's own refusal (nodes it cannot capture): the ordinary path still works
+        log.warning("CUDA graphs off for %s: %s", graph, str(e).splitlines()[0][:200])
+
+
 def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | None = None) -> LoadedModel:
     """Load a model directory on a device ("cpu", "cuda" or "auto") -> LoadedModel."""
     if not isinstance(model_dir, (str, os.PathLike)):
@@ -201,6 +215,7 @@ def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | N
     ort_session, graph, tokenizer = open_checked_session(model_dir, manifest, imported, device, session)
     variant = variant_for(ort_session, import_onnxruntime(), manifest, device)
     check_graph(variant, manifest, graph)
+    _enable_cuda_graphs(variant, manifest, graph, device, session or SessionConfig())
     loaded = LoadedModel(model_dir, manifest, ort_session, variant, device, time.perf_counter() - started)
     loaded._tokenizer = tokenizer  # read once, for the checks
     log.info("loaded %s (%s, %s graph) in %.2fs", model_dir, manifest.precision, manifest.graph, loaded.load_s)

@@ -167,6 +167,15 @@ def _kv_cache(m: Manifest, facts: GraphFacts) -> list[str]:
     return []
 
 
+def _wide_mask(m: Manifest, facts: GraphFacts) -> list[str]:
+    """wide_mask: the timeline is read from the mask's content (a Mul of attention_mask feeding a ReduceMax)."""
+    reads_content = facts.ops["ReduceMax"] > 0 and any(n.op_type == "Mul" and C.ATTENTION_MASK in n.inputs
+                                                       for n in facts.nodes)
+    if m.wide_mask and (m.graph != C.GRAPH_KV_BUFFER or not reads_content):
+        return [f"{SAYS} wide_mask, but the graph reads its timeline from the attention mask's width"]
+    return []
+
+
 def _arch(m: Manifest, facts: GraphFacts, config: dict) -> list[str]:
     problems = []
     norms = sum(facts.ops[op] for op in LAYER_NORM_OPS)
@@ -256,6 +265,6 @@ def claim_problems(model_dir: Path, m: Manifest, facts: GraphFacts | None, token
     problems = [d["__error__"] for d in (config, generation) if "__error__" in d]
     if facts is not None:
         problems += (_context(m, facts) + _precision_and_method(m, facts) + _graph_variant(m, facts)
-                     + _kv_cache(m, facts) + _external_files(m, facts))
+                     + _kv_cache(m, facts) + _wide_mask(m, facts) + _external_files(m, facts))
     return problems + _arch(m, graph, config) + _tokenizer_vocab(m, tokenizer) + _special_ids(m, config, generation,
                                                                                           tokenizer)

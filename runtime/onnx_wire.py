@@ -199,3 +199,47 @@ def read_graph_facts(path: str | Path) -> GraphFacts:
     except (WireError, ValueError, OSError) as e:
         raise ModelDirError(f"{path}: not an ONNX model ({e})") from None
     return facts
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _spans(buf, start: int, end: int) -> Iterator[tuple[int, int, int, object]]:
+    """(field number, the field's first byte (its key), the byte after it, its value) of one message."""
+    pos = start
+    for number, kind, value in fields(buf, start, end):
+        key_start = pos
+        pos = value[1] if kind == _LEN else _skip(buf, pos, kind)
+        yield number, key_start, pos, value
+
+
+def _skip(buf, pos: int, kind: int) -> int:
+    _, pos = _varint(buf, pos)  # the key
+    if kind == _VARINT:
+        return _varint(buf, pos)[1]
+    return pos + (8 if kind == _I64 else 4)
+
+
+def without_graph_input(model: bytes, name: str) -> bytes:
+    """The serialized ModelProto with `name` taken out of the graph's inputs (GraphProto.input = 11); everything else
+    byte for byte. An input that is also an initializer then is a constant (runtime/cuda_graph.py says why)."""
+    graph = next(((key, end, value) for number, key, end, value in _spans(model, 0, len(model)) if number == 7), None)
+    if graph is None:
+        raise WireError("no graph")
+    key, end, (body_start, body_end) = graph
+    kept, dropped = [], 0
+    for number, start, stop, value in _spans(model, body_start, body_end):
+        if number == 11 and any(n == 1 and _text(model, v) == name for n, _, v in fields(model, *value)):
+            dropped += 1
+            continue
+        kept.append(model[start:stop])
+    if not dropped:
+        raise WireError(f"the graph has no input {name!r}")
+    body = b"".join(kept)
+    return model[:key] + _encode_varint(7 << 3 | _LEN) + _encode_varint(len(body)) + body + model[end:]

@@ -60,6 +60,9 @@ class SessionConfig:
     # Intra-op threads spin-wait for work between and after runs (ORT's default: on). Off, they yield the cores
     # at once: what a server wants, whose event loop and clients need the cores between two decode steps.
     spin: bool | None = None
+    # On CUDA, replay decode steps as captured CUDA graphs where the dir's graph allows it (a kv_buffer graph
+    # with a wide mask: runtime/cuda_graph.py). A second session holds the weights again on the GPU.
+    cuda_graph: bool = True
 
     def __post_init__(self) -> None:
         for name in ("threads", "inter_op_threads"):
@@ -82,8 +85,11 @@ def _preload_cuda(ort: Any) -> None:
     _cuda_preloaded = True
 
 
-def make_session(model_path: str, device: str = "auto", config: SessionConfig = SessionConfig()) -> Any:
-    """An InferenceSession on `device`, made as `config` says."""
+def make_session(model_path: str | bytes, device: str = "auto", config: SessionConfig = SessionConfig(),
+                 capture: bool = False, external_data_dir: str | None = None) -> Any:
+    """An InferenceSession on `device`, made as `config` says, from a file or a serialized model (whose external
+    data, if any, lies in external_data_dir); capture: CUDA graphs on (ONNX Runtime's enable_cuda_graph), for the
+    decode session of runtime/cuda_graph.py."""
     ort = import_onnxruntime()
     providers = providers_for(device)
     options = ort.SessionOptions()
@@ -95,12 +101,18 @@ def make_session(model_path: str, device: str = "auto", config: SessionConfig = 
         options.inter_op_num_threads = config.inter_op_threads
     if config.spin is not None:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
+    if external_data_dir is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", external_data_dir)
     if config.profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = config.profile_prefix
     if CUDA_PROVIDER in providers:
         _preload_cuda(ort)
     provider_options = [dict(config.provider_options)] + [{} for _ in providers[1:]]
+    if capture:
+        if CUDA_PROVIDER not in providers:
+            raise DeviceError("CUDA graphs need the CUDA execution provider")
+        provider_options[0]["enable_cuda_graph"] = "1"
     session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
                                    provider_options=provider_options)
     log.info("session on %s (providers used: %s)", device, ", ".join(session.get_providers()))

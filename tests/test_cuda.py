@@ -101,3 +101,56 @@ def test_info_shows_the_gpu(dirs):
     info = json.loads(r.stdout)
     assert info["providers_used"][0] == CUDA_PROVIDER and info["gpus"] and info["gpus"][0]["name"]
     assert "device_id" in info["provider_options"][CUDA_PROVIDER]
+
+
+def test_cuda_graphs_decode_as_the_ordinary_path(dirs):
+    """Decode steps replayed as CUDA graphs (runtime/cuda_graph.py) pick the ordinary path's tokens, at batch 1 and
+    on a left-padded batch of 3, in a first generation (capture) and a second (replay); sampling reads the same
+    logits (same seed, same tokens)."""
+    from gptedge.runtime import SessionConfig, load
+    from gptedge.runtime.cuda_graph import GraphDecodeState
+
+    graphs = load(dirs["fp16-kv_buffer"], device="cuda")
+    plain = load(dirs["fp16-kv_buffer"], device="cuda", session=SessionConfig(cuda_graph=False))
+    assert graphs.variant.cuda_graphs is not None and plain.variant.cuda_graphs is None
+    assert isinstance(graphs.variant.start(3, 40), GraphDecodeState)
+    same = total = 0
+    for batch in (PROMPTS[:1], PROMPTS, PROMPTS):
+        want = plain.generate_batch(batch, 24, greedy=True, ignore_eos=True)
+        got = graphs.generate_batch(batch, 24, greedy=True, ignore_eos=True)
+        for w, g in zip(want, got):
+            same += next((i for i, (a, b) in enumerate(zip(w.ids, g.ids)) if a != b), len(w.ids))
+            total += len(w.ids)
+    assert graphs.variant.cuda_graphs.failed is None
+    print(f"CUDA graphs vs ordinary: {same}/{total} leading greedy tokens identical")
+    assert same >= 0.95 * total
+    a = graphs.generate(PROMPTS[0], 16, top_k=20, seed=3, ignore_eos=True)
+    b = plain.generate(PROMPTS[0], 16, top_k=20, seed=3, ignore_eos=True)
+    assert a.ids[:8] == b.ids[:8]
+
+
+def test_the_engine_on_cuda_serves_from_device_slots_as_generate(dirs):
+    """`serve --device cuda`: the engine's pool is the GPU's slot pool (runtime/device_slot_pool.py), its decode
+    step one captured graph over every slot; greedy requests get generate()'s tokens."""
+    from gptedge.runtime import load
+    from gptedge.runtime.device_slot_pool import DeviceSlotPool
+    from gptedge.runtime.engine import CompletionRequest, Engine
+    from gptedge.runtime.sampling import SamplingParams
+
+    from .test_engine import Collector
+
+    model = load(dirs["fp16-kv_buffer"], device="cuda")
+    prompts = [model.encode(p) for p in PROMPTS] * 3
+    solo = [model.generate(p, 16, greedy=True, ignore_eos=True).ids for p in prompts]
+    engine = Engine(model, max_batch=4, max_queue=16, prefill_chunk=8).start()
+    assert isinstance(engine.pool, DeviceSlotPool)
+    got = [Collector() for _ in prompts]
+    for p, c in zip(prompts, got):
+        engine.submit(CompletionRequest(tuple(p), 16, sampling=SamplingParams(greedy=True), ignore_eos=True), c)
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert model.variant.cuda_graphs.failed is None
+    same = sum(next((i for i, (a, b) in enumerate(zip(w, c.last.generation.ids)) if a != b), len(w))
+               for w, c in zip(solo, got))
+    print(f"engine on CUDA vs generate: {same}/{16 * len(prompts)} leading greedy tokens identical")
+    assert same >= 0.9 * 16 * len(prompts)

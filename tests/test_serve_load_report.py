@@ -274,3 +274,32 @@ def test_the_json_carries_the_machine_facts_beside_every_figure():
     assert data["facts"] == ["date: today", "CPU: Some CPU; 2 logical CPUs; ISA: avx2 yes, avx512f no"]
     assert [c["side"] for c in data["columns"]] == ["gptedge", "llama-server"]
     assert data["columns"][0]["runs"][0]["rows"][1]["tok_s"] == 300.0
+
+
+def test_device_reaches_generate_and_the_server(monkeypatch, gpt2_kv_buffer_loaded):
+    """--device cuda: the in-process generate loads on that device and `gptedge serve` gets --device cuda."""
+    import argparse
+
+    import gptedge.runtime
+
+    devices, extras = [], []
+
+    class Loaded:
+        def generate(self, *a, **k):
+            return argparse.Namespace(tokens_per_s=1.0)
+
+    def load(model, device, session):
+        devices.append(device)
+        return Loaded()
+
+    def start_server(model, threads, max_batch, log, extra):
+        extras.append(list(extra))
+        raise SystemExit("stop here")
+
+    monkeypatch.setattr(gptedge.runtime, "load", load)
+    monkeypatch.setattr(sl, "start_server", start_server)
+    args = argparse.Namespace(device="cuda", threads=2, max_batch=4, serve_args=["--spin"], new=4, prompt=8, requests=1,
+                              clients=[1])
+    with pytest.raises(SystemExit, match="stop here"):
+        sl.bench_model(gpt2_kv_buffer_loaded.model_dir, args)
+    assert devices == ["cuda"] and extras == [["--spin", "--device", "cuda"]]

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One GPU lease's checks in one go (issue "CUDA III"): install onnxruntime-gpu (and onnxruntime-genai-cuda) from
+# wheels carried in parts, run the CUDA tests, then the GPU benchmark with and without CUDA graphs.
+#
+# The GPU machine reaches no registry and each call carries at most 64 MiB with the working tree, so on the machine
+# that has pip (x86-64, Python 3.12 wheels):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#       onnxruntime-gpu==1.31.1 onnxruntime-genai-cuda==0.18.0 -d wheels
+#   unzip the onnxruntime-gpu wheel into x/ (drop capi/libonnxruntime_providers_tensorrt.so), tar + zstd -19 it
+#   (ort.tar.zst, ~204 MB), tar it with the sample model's weights, split -b 58M into parts .gp1 ... .gp4 (one folder
+#   each, git-ignored), carry one folder per call in quick succession, each call copying its part to /tmp/parts (the
+#   repo copy drops ignored folders a call does not carry), then run this carrying .gpgenai (the GenAI wheel).
+#   The sample model's weights travel as a part because the repo's own 55 MB of safetensors would fill every call.
+#
+#   bash benchmarks/run_gpu_lease.sh OUT_DIR [BATCHES]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-/tmp/gpu-out}; BATCHES=${2:-1,8,64}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+say() { echo "[$(($(date +%s) - T0))s] $*"; }
+if [ ! -d /tmp/ortgpu/onnxruntime ]; then
+  say "assembling onnxruntime-gpu"
+  mkdir -p /tmp/ortgpu
+  cat ${PARTS:-/tmp/parts}/part-* | tar -x -C /tmp/ortgpu || exit 1
+  ZSTD=$(command -v zstd || echo .gpbin/zstd)  # the GPU image has no zstd: a Debian x86-64 binary travels in .gpbin
+  LD_LIBRARY_PATH=.gpbin "$ZSTD" -d -q -c /tmp/ortgpu/ort.tar.zst | tar -x -C /tmp/ortgpu || exit 1
+  rm -f /tmp/ortgpu/ort.tar.zst
+fi
+[ -f samples/sample-model/model.safetensors ] || cp /tmp/ortgpu/model.safetensors samples/sample-model/model.safetensors
+if ls .gpbin/whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/genai/starlette ]; then  # serve's extra, for SERVE_CLIENTS
+  python3 -m pip install -q --no-deps --no-index --target /tmp/genai .gpbin/whl/*.whl
+fi
+if ls .gpgenai/*.whl >/dev/null 2>&1 && [ ! -d /tmp/genai/onnxruntime_genai ]; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/genai .gpgenai/*.whl
+fi
+export PYTHONPATH=/tmp/ortgpu:/tmp/genai
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || say "editable install failed"
+say "versions"
+python3 - <<'PY'
+import onnxruntime as o
+o.preload_dlls()
+print("onnxruntime", o.__version__, o.get_available_providers())
+try:
+    import onnxruntime_genai as g
+    print("onnxruntime-genai", g.__version__)
+except Exception as e:
+    print("genai:", e)
+PY
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+say "CUDA tests"
+timeout 300 python3 -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider -s ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
+  | tail -25 | tee "$OUT/tests.txt"
+if [ -n "${ENGINES-x}" ]; then
+  say "benchmark"
+  timeout 420 python3 benchmarks/gpu_bench.py --work /tmp/gpu-bench --sizes small --batches "$BATCHES" \
+    --engines "${ENGINES:-gptedge,gptedge-eager,genai}" --repeat 3 --out "$OUT/gpu.jsonl" 2>&1 | tail -40
+fi
+if [ -n "${SERVE_CLIENTS:-}" ]; then  # `gptedge serve --device cuda` under C streaming clients (serve_load.py)
+  say "serve load"
+  [ -d /tmp/gpu-bench/small-fp16 ] || python3 benchmarks/gpu_bench.py --work /tmp/gpu-bench --sizes small \
+    --batches 1 --engines gptedge --repeat 1 --out "$OUT/gpu-prepare.jsonl" >/dev/null 2>&1
+  timeout 300 python3 benchmarks/serve_load.py /tmp/gpu-bench/small-fp16 --device cuda --clients "$SERVE_CLIENTS" \
+    --requests "${SERVE_REQUESTS:-2}" --max-batch 64 2>&1 | tail -30 | tee "$OUT/serve.txt"
+fi
+say "done"
