@@ -120,7 +120,7 @@ def main() -> None:
     args = ap.parse_args()
     args.clients = sorted({int(c) for c in args.clients.split(",")} | {1})
     from gptedge.runtime.bench import bench_prompts
-    from gptedge.runtime.manifest import read_manifest
+    from gptedge.runtime.modeldir.manifest import read_manifest
 
     manifest = read_manifest(args.model)
     prompts = bench_prompts(manifest.shape.vocab_size, max(args.clients) * args.requests, args.prompt)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from gptedge.runtime.compare import graph_size
-from gptedge.runtime.manifest import read_manifest
+from gptedge.runtime.modeldir.manifest import read_manifest
 
 
 def main() -> None:

@@ -232,7 +232,7 @@ def measure_load(url: str, prompts: list[list[int]], args, extra: dict | None = 
 def bench_model(model: Path, args, in_process: bool = True) -> dict:
     from gptedge.runtime import SessionConfig, load
     from gptedge.runtime.compare import graph_size
-    from gptedge.runtime.manifest import read_manifest
+    from gptedge.runtime.modeldir.manifest import read_manifest
 
     manifest = read_manifest(model)
     prompts = load_prompts(manifest.shape.vocab_size, args)
@@ -435,7 +435,7 @@ def machine_facts(args, binary: Path, context: int) -> list[str]:
 
 def compare_with_peer(args) -> None:
     from gptedge.peers.llama_cpp import FTYPES
-    from gptedge.runtime.manifest import read_manifest
+    from gptedge.runtime.modeldir.manifest import read_manifest
 
     binary = llama_server_binary()
     bad = [r for r in args.peer_recipes if r not in FTYPES]

@@ -170,7 +170,7 @@ def agreement(ours: list[list[int]], ref: list[list[int]]) -> float:
 
 
 def graph_bytes(folder: Path, dtype: str) -> int:
-    from gptedge.runtime.web_ready import DTYPE_SUFFIX
+    from gptedge.runtime.modeldir.web_ready import DTYPE_SUFFIX
 
     stem = f"model{DTYPE_SUFFIX[dtype]}.onnx"
     return sum(f.stat().st_size for f in (folder / "onnx").iterdir() if f.name in (stem, stem + "_data"))

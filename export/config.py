@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gptedge.runtime.errors import CheckpointError
-from gptedge.runtime.manifest import ModelShape
+from gptedge.runtime.modeldir.manifest import ModelShape
 from gptedge.runtime.registry import FAMILIES
 
 from .families import family, family_for_model_type

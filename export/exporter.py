@@ -23,9 +23,9 @@ from gptedge.onnx_files import WeightSink, save_onnx
 from gptedge.runtime.contract import GRAPH_STANDARD, IONames
 from gptedge.runtime.errors import CheckpointError
 from gptedge.runtime.fingerprint import record_fingerprint
-from gptedge.runtime.genai_config import write_genai_files
-from gptedge.runtime.manifest import MODEL_FILE, Manifest, Parity, Source, write_json, write_manifest
-from gptedge.runtime.tokenizer import load_tokenizer
+from gptedge.runtime.modeldir.genai_config import write_genai_files
+from gptedge.runtime.modeldir.manifest import MODEL_FILE, Manifest, Parity, Source, write_json, write_manifest
+from gptedge.runtime.modeldir.tokenizer import load_tokenizer
 
 from .checkpoint import file_sha256, load_checkpoint, weights_file
 from .config import GPTConfig

@@ -6,7 +6,7 @@
 """
 
 from .errors import GptEdgeError
-from .manifest import Manifest, read_manifest
+from .modeldir.manifest import Manifest, read_manifest
 from .session import SessionConfig
 
 __all__ = ["GptEdgeError", "Manifest", "SessionConfig", "read_manifest", "load", "load_classifier"]

@@ -1,4 +1,4 @@
-"""A loaded classifier dir (a task head, runtime/tasks.py): examples -> labels and probabilities.
+"""A loaded classifier dir (a task head, runtime/modeldir/tasks.py): examples -> labels and probabilities.
 
     clf = gptedge.runtime.load_classifier("out/entail")
     clf.classify(("A man sleeps.", "Nobody is awake.")).label        # "contradiction"
@@ -25,11 +25,11 @@ import numpy as np
 from .arguments import check_text
 from .errors import InvalidArgumentError, ModelDirError
 from .integrity import open_checked_session
-from .manifest import MANIFEST_NAME, Manifest, read_manifest
+from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .session import SessionConfig
-from .tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,
+from .modeldir.tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,
                     example_fields, rows)
-from .tokenizer import encode
+from .modeldir.tokenizer import encode
 
 DEFAULT_BATCH = 32  # rows per run (batch 1 and 32 are what compare measures)
 

@@ -29,8 +29,8 @@ import numpy as np
 from .classify import Classifier
 from .compare import graph_size
 from .errors import InvalidArgumentError
-from .manifest import Manifest
-from .tasks import CHOICES, COMBINE_CHOICES, Task, example_fields, read_jsonl
+from .modeldir.manifest import Manifest
+from .modeldir.tasks import CHOICES, COMBINE_CHOICES, Task, example_fields, read_jsonl
 
 log = logging.getLogger(__name__)
 

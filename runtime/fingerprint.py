@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .generation import left_pad, prefill
-from .manifest import Fingerprint
+from .modeldir.manifest import Fingerprint
 
 PROMPT_TOKENS = 8
 NEW_TOKENS = 8

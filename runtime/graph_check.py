@@ -19,7 +19,7 @@ import numpy as np
 from . import contract as C
 from .errors import ModelDirError
 from .graph_variant import GraphVariant
-from .manifest import MANIFEST_NAME, Manifest, ModelShape, Source
+from .modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape, Source
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from . import contract as C
 from .errors import ModelDirError
-from .kv_cache import KV_CACHES
-from .manifest import Manifest, ModelShape
+from .modeldir.kv_cache import KV_CACHES
+from .modeldir.manifest import Manifest, ModelShape
 from .registry import GRAPH_VARIANTS
 from .sequence_pool import SequentialPool
 

@@ -13,12 +13,12 @@ import logging
 from pathlib import Path
 
 from .errors import ModelDirError
-from .manifest import MANIFEST_NAME, Manifest
+from .modeldir.manifest import MANIFEST_NAME, Manifest
 from .model_claims import claim_problems
-from .model_files import HashCheck, check_records, confined
-from .onnx_wire import is_ort_format, read_graph_facts
+from .modeldir.model_files import HashCheck, check_records, confined
+from .modeldir.onnx_wire import is_ort_format, read_graph_facts
 from .session import SessionConfig, make_session
-from .tokenizer import TOKENIZER_FILE, load_tokenizer
+from .modeldir.tokenizer import TOKENIZER_FILE, load_tokenizer
 
 log = logging.getLogger(__name__)
 

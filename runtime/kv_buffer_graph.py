@@ -20,7 +20,7 @@ from . import contract as C
 from .argmax_graph import argmax_model
 from .graph_variant import GraphVariant, reorder_rows
 from .kv_buffer_pool import SlotPool
-from .manifest import ModelShape
+from .modeldir.manifest import ModelShape
 from .session import CPU_PROVIDER, CUDA_PROVIDER
 
 

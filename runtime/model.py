@@ -26,11 +26,11 @@ from .generation import PREFILL_CHUNK, Generation, run_generation
 from .graph_check import check_graph, manifest_from_hf_dir
 from .graph_variant import GraphVariant, variant_for
 from .integrity import open_checked_session
-from .manifest import MANIFEST_NAME, Manifest, read_manifest
+from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .sampling import SamplingParams
 from .session import SessionConfig, import_onnxruntime
-from .tasks import article
-from .tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
+from .modeldir.tasks import article
+from .modeldir.tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from collections import Counter
 from pathlib import Path
 
 from . import contract as C
-from .kv_cache import DEFAULT_KV_CACHE, KV_CACHES, cache_onnx_type
-from .manifest import MANIFEST_NAME, Manifest
-from .onnx_wire import GraphFacts
-from .recipe import block_linear_names, kept_at_8bit
+from .modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES, cache_onnx_type
+from .modeldir.manifest import MANIFEST_NAME, Manifest
+from .modeldir.onnx_wire import GraphFacts
+from .modeldir.recipe import block_linear_names, kept_at_8bit
 from .registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
 
 LAYER_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization")

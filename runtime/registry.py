@@ -68,7 +68,7 @@ class FamilyEntry(Entry):
 
 @dataclass(frozen=True)
 class TaskEntry(Entry):
-    """A fine-tuned task's line (the original GPT's input transformations, runtime/tasks.py): which head its
+    """A fine-tuned task's line (the original GPT's input transformations, runtime/modeldir/tasks.py): which head its
     graph ends in, the fields a caller gives, the token templates of an example's rows (a special token's
     role, "start" / "delimiter" / "extract", or a field; "choice" stands for each of the "choices") and how
     the rows' logits combine ("one" row; "sum" of the rows, similarity's two orders; one logit per "choices")."""
@@ -138,13 +138,13 @@ QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization met
 # The GPT paper's four task formats (§3.3). Their lines are data: export copies the chosen one into the manifest,
 # which the runtime reads (an old gptedge's manifest names no task: an LM).
 TASKS: Registry[TaskEntry, object] = Registry("task", "TASK", {
-    "classification": TaskEntry("gptedge.runtime.tasks"),
-    "entailment": TaskEntry("gptedge.runtime.tasks", fields=("premise", "hypothesis"),
+    "classification": TaskEntry("gptedge.runtime.modeldir.tasks"),
+    "entailment": TaskEntry("gptedge.runtime.modeldir.tasks", fields=("premise", "hypothesis"),
                             sequences=(("start", "premise", "delimiter", "hypothesis", "extract"),)),
-    "similarity": TaskEntry("gptedge.runtime.tasks", fields=("a", "b"),
+    "similarity": TaskEntry("gptedge.runtime.modeldir.tasks", fields=("a", "b"),
                             sequences=(("start", "a", "delimiter", "b", "extract"),
                                        ("start", "b", "delimiter", "a", "extract")), combine="sum"),
-    "multiple-choice": TaskEntry("gptedge.runtime.tasks", head="multiple-choice", fields=("context", "choices"),
+    "multiple-choice": TaskEntry("gptedge.runtime.modeldir.tasks", head="multiple-choice", fields=("context", "choices"),
                                  sequences=(("start", "context", "delimiter", "choice", "extract"),),
                                  combine="choices"),
 })

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import contract as C
 from .graph_variant import GraphVariant, reorder_rows
-from .manifest import ModelShape
+from .modeldir.manifest import ModelShape
 
 
 class StandardState:

@@ -141,7 +141,7 @@ def test_export_passes_every_option(runner, monkeypatch, gpt2_checkpoint, tmp_pa
     from types import SimpleNamespace as NS
 
     import gptedge.export.exporter as exporter
-    from gptedge.runtime.manifest import Manifest, ModelShape  # --force replaces only a dir holding a manifest
+    from gptedge.runtime.modeldir.manifest import Manifest, ModelShape  # --force replaces only a dir holding a manifest
 
     parity = NS(graph_vs_reference=NS(max_abs_diff=0.0, output="logits", step="prefill", top1_agreement=1.0),
                 greedy_vs_reference=NS(tokens_compared=1, prompts=1))

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from gptedge.cli import main
 from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError, QuantizationError
-from gptedge.runtime.manifest import MANIFEST_NAME, Manifest, ModelShape
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape
 
 from tests.conftest import EXCERPT, ROOT, tiny_config, write_checkpoint
 

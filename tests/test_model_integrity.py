@@ -17,7 +17,7 @@ import pytest
 
 from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError
-from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest, write_manifest
 
 from .conftest import ROOT, tiny_reference, write_checkpoint
 
@@ -162,7 +162,7 @@ def test_manifests_are_written_as_format_2_and_format_1_still_reads(dirs, tmp_pa
 
 
 def test_every_recorded_file_is_hashed(dirs):
-    from gptedge.runtime.model_files import sha256_file
+    from gptedge.runtime.modeldir.model_files import sha256_file
 
     m = read_manifest(dirs["external"])
     assert [r.path for r in m.files] == ["model.onnx", "model.onnx.data", "tokenizer.json"]
@@ -235,7 +235,7 @@ def test_verify_repeats_the_recorded_parity_run(dirs, tmp_path):
 
 def test_fingerprint_comparison_tolerates_near_ties_only():
     from gptedge.runtime.fingerprint import fingerprint_problems
-    from gptedge.runtime.manifest import Fingerprint
+    from gptedge.runtime.modeldir.manifest import Fingerprint
 
     recorded = Fingerprint((1, 2), (5, 6, 7), (3.0, 2.0, 1.0), (0.5, 1e-4, 0.5))
     same = Fingerprint((1, 2), (5, 6, 7), (3.0005, 2.0, 1.0), (0.5, 1e-4, 0.5))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.sampling import SamplingParams, select_token, softmax, top_k_filter, top_p_filter
 from gptedge.runtime.text_stream import TextStream
-from gptedge.runtime.tokenizer import decode, encode, load_tokenizer
+from gptedge.runtime.modeldir.tokenizer import decode, encode, load_tokenizer
 
 from .conftest import ROOT
 

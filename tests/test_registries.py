@@ -17,7 +17,7 @@ from gptedge.cli import main
 from gptedge.peers import PEERS, PeerEntry
 from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError
-from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 from gptedge.runtime.registry import (FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS, Entry, FamilyEntry, GraphEntry,
                                       MethodEntry, Registry)
 

@@ -10,7 +10,7 @@ import pytest
 
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.text_stream import TextStream
-from gptedge.runtime.tokenizer import encode
+from gptedge.runtime.modeldir.tokenizer import encode
 
 
 def test_stop_at_max_new_tokens_and_seeded_sampling(gpt2_loaded):

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from gptedge.peers import PEERS, bench_names
-from gptedge.runtime.manifest import read_manifest
+from gptedge.runtime.modeldir.manifest import read_manifest
 
 from .group import command
 from .options import CommaChoice, count, device_option, peer_source, threads_option

@@ -9,10 +9,10 @@ import click
 
 from gptedge.peers import bench_names, compare_names
 from gptedge import runtime
-from gptedge.runtime.genai_config import genai_readiness
+from gptedge.runtime.modeldir.genai_config import genai_readiness
 from gptedge.runtime.registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
 from gptedge.runtime.session import available_providers, provider_report
-from gptedge.runtime.web_ready import web_readiness
+from gptedge.runtime.modeldir.web_ready import web_readiness
 
 from .group import command
 from .options import device_option

@@ -26,7 +26,7 @@ from pathlib import Path
 import click
 
 from gptedge import runtime
-from gptedge.runtime.manifest import MANIFEST_NAME
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
 from gptedge.sample import sample_model_dir
 
 from gptedge.serve.classify_batcher import ClassifyBatcher  # threading only: light at --help

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gptedge.runtime.errors import GptEdgeError, InvalidArgumentError, PeerError, install_hint
-from gptedge.runtime.manifest import read_manifest
-from gptedge.runtime.tokenizer import load_tokenizer
+from gptedge.runtime.modeldir.manifest import read_manifest
+from gptedge.runtime.modeldir.tokenizer import load_tokenizer
 
 from . import engine_for
 from .base import Scorer, ScoreJob, with_hf_tokenizer

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.tasks import CHOICES, COMBINE_CHOICES, example_fields
+from gptedge.runtime.modeldir.tasks import CHOICES, COMBINE_CHOICES, example_fields
 
 from .classify_batcher import BatcherQueueFull, BatcherStopped, ClassifyJob
 from .classify_schema import classification, describe_example, parse_classify_request, task_card, text_fields

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from .errors import InvalidArgumentError
-from .registry import QUANTIZATION_METHODS
+from ..errors import InvalidArgumentError
+from ..registry import QUANTIZATION_METHODS
 
 # 4-bit defaults, chosen by KL(fp32||int4) on the sample model's held-out excerpt (README, "4-bit weight-only"):
 # an 8-bit tied embedding / LM head halves to quarters the KL for +1 MB; asymmetric blocks of 32 were best.

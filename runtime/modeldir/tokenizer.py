@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ModelDirError
+from ..errors import ModelDirError
 
 TOKENIZER_FILE = "tokenizer.json"
 

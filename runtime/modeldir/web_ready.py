@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .contract import GRAPH_STANDARD
+from ..contract import GRAPH_STANDARD
 from .manifest import Manifest
 from .tasks import article
 

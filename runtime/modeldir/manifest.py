@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .contract import GRAPH_STANDARD, IONames
-from .errors import GptEdgeError, ModelDirError
+from ..contract import GRAPH_STANDARD, IONames
+from ..errors import GptEdgeError, ModelDirError
 from .kv_cache import DEFAULT_KV_CACHE, kv_cache_kind
 from .model_files import FileRecord, record_files
 from .recipe import QuantizeRecipe
-from .registry import FAMILIES, GRAPH_VARIANTS
+from ..registry import FAMILIES, GRAPH_VARIANTS
 from .tasks import Task
 
 MANIFEST_NAME = "gptedge.json"
@@ -192,10 +192,10 @@ class Manifest:
     parity: Parity = field(default_factory=Parity)  # figures measured at export / quantize
     files: tuple[FileRecord, ...] = ()  # what the runtime reads, with sizes and SHA-256 (write_manifest fills it)
     format_version: int = FORMAT_VERSION
-    # the KV cache's storage on a kv_buffer graph (runtime/kv_cache.py); absent (older dirs): fp32, the graph's
+    # the KV cache's storage on a kv_buffer graph (runtime/modeldir/kv_cache.py); absent (older dirs): fp32, the graph's
     # own float type
     kv_cache: str = DEFAULT_KV_CACHE
-    # A fine-tuned task head (runtime/tasks.py): its graph outputs the head's logits, not the vocabulary's, and has
+    # A fine-tuned task head (runtime/modeldir/tasks.py): its graph outputs the head's logits, not the vocabulary's, and has
     # no KV cache. Absent (None) in a language model's manifest, which is written without the key, as before.
     task: Task | None = None
 

@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .errors import ModelDirError
+from ..errors import ModelDirError
 from .onnx_wire import is_ort_format, read_graph_facts
 from .tokenizer import TOKENIZER_FILE
 

@@ -24,8 +24,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .errors import InvalidArgumentError, PromptTooLongError
-from .registry import TASKS
+from ..errors import InvalidArgumentError, PromptTooLongError
+from ..registry import TASKS
 
 START, DELIMITER, EXTRACT = "start", "delimiter", "extract"
 SPECIAL_ROLES = (START, DELIMITER, EXTRACT)

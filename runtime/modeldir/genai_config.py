@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import GRAPH_KV_BUFFER, LOGITS, LOGITS_TO_KEEP
+from ..contract import GRAPH_KV_BUFFER, LOGITS, LOGITS_TO_KEEP
 from .manifest import MODEL_FILE, Manifest, write_json
 from .tokenizer import TOKENIZER_FILE
 
