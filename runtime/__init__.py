@@ -7,7 +7,7 @@
 
 from .errors import GptEdgeError
 from .modeldir.manifest import Manifest, read_manifest
-from .session import SessionConfig
+from .graphs.session import SessionConfig
 
 __all__ = ["GptEdgeError", "Manifest", "SessionConfig", "read_manifest", "load", "load_classifier"]
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .model import load
-from .session import SessionConfig
+from .graphs.session import SessionConfig
 
 
 @dataclass

@@ -26,7 +26,7 @@ from .arguments import check_text
 from .errors import InvalidArgumentError, ModelDirError
 from .integrity import open_checked_session
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
-from .session import SessionConfig
+from .graphs.session import SessionConfig
 from .modeldir.tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,
                     example_fields, rows)
 from .modeldir.tokenizer import encode

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InvalidArgumentError, PromptTooLongError
-from .graph_variant import DecodeState, GraphVariant
+from .graphs.graph_variant import DecodeState, GraphVariant
 from .sampling import SamplingParams, select_token
 from .text_stream import TextStream
 

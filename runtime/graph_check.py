@@ -18,7 +18,7 @@ import numpy as np
 
 from . import contract as C
 from .errors import ModelDirError
-from .graph_variant import GraphVariant
+from .graphs.graph_variant import GraphVariant
 from .modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape, Source
 
 log = logging.getLogger(__name__)

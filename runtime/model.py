@@ -24,11 +24,11 @@ from .beam_search import BeamOptions, BeamResult, beam_search
 from .errors import InvalidArgumentError, ModelDirError
 from .generation import PREFILL_CHUNK, Generation, run_generation
 from .graph_check import check_graph, manifest_from_hf_dir
-from .graph_variant import GraphVariant, variant_for
+from .graphs.graph_variant import GraphVariant, variant_for
 from .integrity import open_checked_session
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .sampling import SamplingParams
-from .session import SessionConfig, import_onnxruntime
+from .graphs.session import SessionConfig, import_onnxruntime
 from .modeldir.tasks import article
 from .modeldir.tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 

@@ -12,7 +12,7 @@ Adding a member is one module plus one line here:
 - a quantization method: `quantize/<name>.py` ending with `METHOD = Method(...)` (quantize/base.py),
   its line saying which weight widths it stores (the recipe checks them without loading it);
 - a graph variant: `runtime/<name>_graph.py` with a GraphVariant subclass named `VARIANT`
-  (runtime/graph_variant.py) whose `name` is the line's name.
+  (runtime/graphs/graph_variant.py) whose `name` is the line's name.
 
 The peer engines of compare and bench have their registry in gptedge.peers, built the same way.
 `register` adds a member at run time (a plugin, or a test's toy member).
@@ -149,6 +149,6 @@ TASKS: Registry[TaskEntry, object] = Registry("task", "TASK", {
                                  combine="choices"),
 })
 GRAPH_VARIANTS: Registry[GraphEntry, type] = Registry("graph variant", "VARIANT", {
-    GRAPH_STANDARD: GraphEntry("gptedge.runtime.standard_graph"),
-    GRAPH_KV_BUFFER: GraphEntry("gptedge.runtime.kv_buffer_graph", shared_buffer=True),
+    GRAPH_STANDARD: GraphEntry("gptedge.runtime.graphs.standard_graph"),
+    GRAPH_KV_BUFFER: GraphEntry("gptedge.runtime.graphs.kv_buffer_graph", shared_buffer=True),
 })

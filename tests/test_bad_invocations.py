@@ -155,7 +155,7 @@ class Row:
 
 
 def _cuda_present() -> str | None:
-    from gptedge.runtime.session import CUDA_PROVIDER, available_providers
+    from gptedge.runtime.graphs.session import CUDA_PROVIDER, available_providers
 
     return "this machine has the CUDA provider" if CUDA_PROVIDER in available_providers() else None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptedge.runtime.session import CUDA_PROVIDER, available_providers
+from gptedge.runtime.graphs.session import CUDA_PROVIDER, available_providers
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(CUDA_PROVIDER not in available_providers(),
                                                    reason="no CUDA execution provider in this onnxruntime")]

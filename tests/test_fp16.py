@@ -13,7 +13,7 @@ import pytest
 
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
-from gptedge.runtime.argmax_graph import argmax_model
+from gptedge.runtime.graphs.argmax_graph import argmax_model
 from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.generation import left_pad, positions
 

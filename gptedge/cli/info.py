@@ -11,7 +11,7 @@ from gptedge.peers import bench_names, compare_names
 from gptedge import runtime
 from gptedge.runtime.modeldir.genai_config import genai_readiness
 from gptedge.runtime.registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
-from gptedge.runtime.session import available_providers, provider_report
+from gptedge.runtime.graphs.session import available_providers, provider_report
 from gptedge.runtime.modeldir.web_ready import web_readiness
 
 from .group import command

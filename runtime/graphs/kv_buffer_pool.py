@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import contract as C
+from .. import contract as C
 from .graph_variant import GraphVariant
 from .sequence_pool import Prefill, prefill_runs
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DeviceError, InvalidArgumentError, MissingRuntimeError, install_hint
+from ..errors import DeviceError, InvalidArgumentError, MissingRuntimeError, install_hint
 
 log = logging.getLogger(__name__)
 

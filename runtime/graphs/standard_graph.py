@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import contract as C
+from .. import contract as C
 from .graph_variant import GraphVariant, reorder_rows
-from .modeldir.manifest import ModelShape
+from ..modeldir.manifest import ModelShape
 
 
 class StandardState:

@@ -17,11 +17,11 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from . import contract as C
-from .errors import ModelDirError
-from .modeldir.kv_cache import KV_CACHES
-from .modeldir.manifest import Manifest, ModelShape
-from .registry import GRAPH_VARIANTS
+from .. import contract as C
+from ..errors import ModelDirError
+from ..modeldir.kv_cache import KV_CACHES
+from ..modeldir.manifest import Manifest, ModelShape
+from ..registry import GRAPH_VARIANTS
 from .sequence_pool import SequentialPool
 
 _ORT_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import contract as C
+from .. import contract as C
 from .argmax_graph import argmax_model
 from .graph_variant import GraphVariant, reorder_rows
 from .kv_buffer_pool import SlotPool
-from .modeldir.manifest import ModelShape
+from ..modeldir.manifest import ModelShape
 from .session import CPU_PROVIDER, CUDA_PROVIDER
 
 
