@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gptedge.runtime.generation import positions
+from gptedge.runtime.generation.generation import positions
 
 from .config import GPTConfig
 from .families import family

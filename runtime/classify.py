@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .arguments import check_text
+from .generation.arguments import check_text
 from .errors import InvalidArgumentError, ModelDirError
 from .integrity import open_checked_session
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import InvalidArgumentError, PeerError
-from .evaluate import Progress, Window, log_softmax, sliding_windows, window_logits
+from .generation.evaluate import Progress, Window, log_softmax, sliding_windows, window_logits
 from .frontier import dominators
 
 if TYPE_CHECKING:  # the protocol only: the runtime imports nothing of the peers

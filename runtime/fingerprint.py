@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .generation import left_pad, prefill
+from .generation.generation import left_pad, prefill
 from .modeldir.manifest import Fingerprint
 
 PROMPT_TOKENS = 8

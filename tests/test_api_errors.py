@@ -12,7 +12,7 @@ import pytest
 from gptedge.runtime import SessionConfig, load
 from gptedge.runtime.engine import CompletionRequest, Engine
 from gptedge.runtime.errors import InvalidArgumentError
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.sampling import SamplingParams
 
 # (what, call on the loaded model m, error type, words the one line must hold)
 CASES = [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gptedge.runtime import load
-from gptedge.runtime.beam_search import BeamOptions
+from gptedge.runtime.generation.beam_search import BeamOptions
 from gptedge.runtime.errors import InvalidArgumentError
 
 from .conftest import built_once, tiny_reference, write_checkpoint

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from gptedge import __version__
 from gptedge.cli import main
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.sampling import SamplingParams
 
 
 @pytest.fixture
@@ -204,7 +204,7 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
 
 
 def test_eval_passes_every_option(runner, monkeypatch, captured_load, gpt2_model_dir, tmp_path):
-    import gptedge.runtime.evaluate as evaluate
+    import gptedge.runtime.generation.evaluate as evaluate
 
     load, _ = captured_load
     ppl = Calls(evaluate.perplexity)

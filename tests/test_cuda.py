@@ -64,7 +64,7 @@ def test_fp16_greedy_on_cuda_follows_cpu_fp32(dirs):
 
 def test_device_argmax_equals_host_argmax_on_cuda(dirs):
     from gptedge.runtime import load
-    from gptedge.runtime.generation import left_pad, positions
+    from gptedge.runtime.generation.generation import left_pad, positions
 
     model = load(dirs["fp16-kv_buffer"], device="cuda")
     assert model.providers[0] == CUDA_PROVIDER and model.variant.kv_device == "cuda"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gptedge.runtime.engine import CompletionRequest, Engine, FinishReason
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.sampling import SamplingParams
 from .test_engine import Collector
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from gptedge.runtime.engine import CompletionRequest, Engine, EngineStoppedError
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.generation import Generation, SequenceState, check_prompts, left_pad, positions
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.generation import Generation, SequenceState, check_prompts, left_pad, positions
+from gptedge.runtime.generation.sampling import SamplingParams
 
 
 def next_logits(model, ids) -> np.ndarray:

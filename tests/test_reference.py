@@ -7,7 +7,7 @@ import torch
 
 from gptedge.export.checkpoint import load_checkpoint, load_state
 from gptedge.export.families import family
-from gptedge.runtime.generation import positions
+from gptedge.runtime.generation.generation import positions
 
 from .conftest import tiny_reference
 

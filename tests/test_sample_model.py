@@ -14,7 +14,7 @@ from gptedge.export.exporter import export_checkpoint
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
 from gptedge.runtime.compare import compare
-from gptedge.runtime.evaluate import perplexity
+from gptedge.runtime.generation.evaluate import perplexity
 
 from .conftest import EXCERPT, ROOT, reference_perplexity
 

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from gptedge.runtime.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
                                     TokenEvent)
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.generation import check_prompts
+from gptedge.runtime.generation.generation import check_prompts
 
 from .classify_app import ClassifyApi
 from .classify_schema import generation_card

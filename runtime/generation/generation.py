@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InvalidArgumentError, PromptTooLongError
-from .graphs.graph_variant import DecodeState, GraphVariant
+from ..errors import InvalidArgumentError, PromptTooLongError
+from ..graphs.graph_variant import DecodeState, GraphVariant
 from .sampling import SamplingParams, select_token
 from .text_stream import TextStream
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from .generation import check_prompts, left_pad, positions, prefill
 from .generation_options import BeamOptions
-from .graphs.graph_variant import GraphVariant
+from ..graphs.graph_variant import GraphVariant
 
 NEG = np.float32(-1.0e9)  # transformers' "impossible" score
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)

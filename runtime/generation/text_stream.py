@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .modeldir.tokenizer import decode
+from ..modeldir.tokenizer import decode
 
 REPLACEMENT = "\ufffd"
 
