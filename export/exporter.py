@@ -22,7 +22,7 @@ from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import WeightSink, save_onnx
 from gptedge.runtime.contract import GRAPH_STANDARD, IONames
 from gptedge.runtime.errors import CheckpointError
-from gptedge.runtime.fingerprint import record_fingerprint
+from gptedge.runtime.checks.fingerprint import record_fingerprint
 from gptedge.runtime.modeldir.genai_config import write_genai_files
 from gptedge.runtime.modeldir.manifest import MODEL_FILE, Manifest, Parity, Source, write_json, write_manifest
 from gptedge.runtime.modeldir.tokenizer import load_tokenizer

@@ -21,7 +21,7 @@ from gptedge import __version__, runtime
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
 from gptedge.runtime.errors import QuantizationError
-from gptedge.runtime.fingerprint import record_fingerprint
+from gptedge.runtime.checks.fingerprint import record_fingerprint
 from gptedge.runtime.modeldir.genai_config import write_genai_files
 from gptedge.runtime.modeldir.manifest import (Fingerprint, Manifest, Parity, Quantization, QuantizedParity, Source,
                                       read_manifest, write_manifest)

@@ -7,7 +7,7 @@
 The manifest's task says how an example becomes token rows (its transformation) and how the rows'
 logits combine: one row; similarity's two orders added; one logit per choice, a softmax across them.
 Load checks what it can before handing the model out, as load() does for a language model: file sizes
-and hashes, the manifest's claims against the graph (runtime/model_claims.py), the I/O names, the
+and hashes, the manifest's claims against the graph (runtime/checks/model_claims.py), the I/O names, the
 special tokens inside the vocabulary, and one probe run whose output shape must be the task's.
 Like LoadedModel, a Classifier holds no per-call state: concurrent calls are safe.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 from .generation.arguments import check_text
 from .errors import InvalidArgumentError, ModelDirError
-from .integrity import open_checked_session
+from .checks.integrity import open_checked_session
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .graphs.session import SessionConfig
 from .modeldir.tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,

@@ -23,9 +23,9 @@ from .generation.arguments import check_bool, check_ids, check_options, check_st
 from .generation.beam_search import BeamOptions, BeamResult, beam_search
 from .errors import InvalidArgumentError, ModelDirError
 from .generation.generation import PREFILL_CHUNK, Generation, run_generation
-from .graph_check import check_graph, manifest_from_hf_dir
+from .checks.graph_check import check_graph, manifest_from_hf_dir
 from .graphs.graph_variant import GraphVariant, variant_for
-from .integrity import open_checked_session
+from .checks.integrity import open_checked_session
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .generation.sampling import SamplingParams
 from .graphs.session import SessionConfig, import_onnxruntime

@@ -47,13 +47,13 @@ class MethodEntry(Entry):
     float16: bool = False  # can also turn the float parts of its graph into fp16 (recipe.float16, for GPUs)
     calibrated: bool = False  # needs calibration text (quantize --calibration)
     # ONNX ops its graphs hold and no other method's do: a manifest's method is checked against them at load
-    # (runtime/model_claims.py); () for a method that writes only float ops (fp16); None: not said (not checked)
+    # (runtime/checks/model_claims.py); () for a method that writes only float ops (fp16); None: not said (not checked)
     ops: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class GraphEntry(Entry):
-    """A graph variant's line: its I/O contract, checked against the graph at load (runtime/model_claims.py)."""
+    """A graph variant's line: its I/O contract, checked against the graph at load (runtime/checks/model_claims.py)."""
 
     shared_buffer: bool = False  # past and present are one buffer that GroupQueryAttention writes in place
 

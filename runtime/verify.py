@@ -17,13 +17,13 @@ from pathlib import Path
 
 from .classify import check_head_graph
 from .errors import GptEdgeError, ModelDirError
-from .fingerprint import fingerprint_problems, record_fingerprint
-from .graph_check import check_graph
+from .checks.fingerprint import fingerprint_problems, record_fingerprint
+from .checks.graph_check import check_graph
 from .graphs.graph_variant import variant_for
-from .integrity import graph_facts, load_dir_tokenizer, model_path
+from .checks.integrity import graph_facts, load_dir_tokenizer, model_path
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .model import LoadedModel
-from .model_claims import claim_problems
+from .checks.model_claims import claim_problems
 from .modeldir.model_files import confined, hash_problems
 from .graphs.session import CUDA_PROVIDER, SessionConfig, available_providers, import_onnxruntime, make_session
 

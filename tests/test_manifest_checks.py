@@ -13,7 +13,7 @@ import pytest
 
 from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError
-from gptedge.runtime.graph_check import manifest_from_hf_dir
+from gptedge.runtime.checks.graph_check import manifest_from_hf_dir
 from gptedge.runtime.modeldir.manifest import (FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelShape, Quantization,
                                       QuantizedParity, Source, read_manifest, write_manifest)
 

@@ -175,7 +175,7 @@ def test_every_recorded_file_is_hashed(dirs):
 def test_an_old_manifest_loads_with_a_warning(dirs, tmp_path, caplog):
     d = copy(dirs, "fp32", tmp_path)
     edit(d, no_records)
-    with caplog.at_level(logging.WARNING, logger="gptedge.runtime.integrity"):
+    with caplog.at_level(logging.WARNING, logger="gptedge.runtime.checks.integrity"):
         model = load(d, device="cpu")
     assert "records no file sizes or hashes" in caplog.text
     assert len(model.generate("Hello", max_new_tokens=3).ids) == 3
@@ -234,7 +234,7 @@ def test_verify_repeats_the_recorded_parity_run(dirs, tmp_path):
 
 
 def test_fingerprint_comparison_tolerates_near_ties_only():
-    from gptedge.runtime.fingerprint import fingerprint_problems
+    from gptedge.runtime.checks.fingerprint import fingerprint_problems
     from gptedge.runtime.modeldir.manifest import Fingerprint
 
     recorded = Fingerprint((1, 2), (5, 6, 7), (3.0, 2.0, 1.0), (0.5, 1e-4, 0.5))

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import contract as C
-from .errors import ModelDirError
-from .graphs.graph_variant import GraphVariant
-from .modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape, Source
+from .. import contract as C
+from ..errors import ModelDirError
+from ..graphs.graph_variant import GraphVariant
+from ..modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape, Source
 
 log = logging.getLogger(__name__)
 

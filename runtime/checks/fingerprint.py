@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .generation.generation import left_pad, prefill
-from .modeldir.manifest import Fingerprint
+from ..generation.generation import left_pad, prefill
+from ..modeldir.manifest import Fingerprint
 
 PROMPT_TOKENS = 8
 NEW_TOKENS = 8

@@ -23,12 +23,12 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from . import contract as C
-from .modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES, cache_onnx_type
-from .modeldir.manifest import MANIFEST_NAME, Manifest
-from .modeldir.onnx_wire import GraphFacts
-from .modeldir.recipe import block_linear_names, kept_at_8bit
-from .registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
+from .. import contract as C
+from ..modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES, cache_onnx_type
+from ..modeldir.manifest import MANIFEST_NAME, Manifest
+from ..modeldir.onnx_wire import GraphFacts
+from ..modeldir.recipe import block_linear_names, kept_at_8bit
+from ..registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
 
 LAYER_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization")
 CONFIG_SHAPE = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "vocab_size": "vocab_size",
