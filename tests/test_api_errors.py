@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.engine import CompletionRequest, Engine
+from gptedge.runtime.serving.engine import CompletionRequest, Engine
 from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.generation.sampling import SamplingParams
 

@@ -14,7 +14,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
-from gptedge.runtime.engine import Engine  # noqa: E402
+from gptedge.runtime.serving.engine import Engine  # noqa: E402
 from gptedge.serve.app import RETRY_AFTER_S, ServeState, create_app  # noqa: E402
 
 KEY = "secret-key"

@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gptedge.runtime.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
+from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
                                     TokenEvent)
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation.generation import check_prompts

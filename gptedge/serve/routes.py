@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from gptedge.runtime.engine import Engine
+from gptedge.runtime.serving.engine import Engine
 from gptedge.runtime.model import LoadedModel
 
 from .classify_schema import CLASSIFICATION

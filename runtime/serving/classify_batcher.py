@@ -9,8 +9,9 @@ blocks the event loop. `wait_s` > 0 lets a batch wait that long for more rows be
 with what is already waiting). A job larger than `max_rows` runs alone, split into runs of `max_rows`.
 A job is never split across batches and never overtaken: one that does not fit waits at the head.
 
-Results go back through the job's `done(results, error)` callback, on this thread; app.py hands them to
-the event loop. Counters for /metrics: requests, examples, batches (gathers) and rows.
+Results go back through the job's `done(results, error)` callback, on this thread; the HTTP side
+(gptedge/serve/classify_app.py) hands them to the event loop. Counters for /metrics: requests, examples,
+batches (gathers) and rows.
 """
 
 from __future__ import annotations
