@@ -34,7 +34,7 @@ def step_times(model_dir: str, rows: list[int], prompt: int, steps: int, threads
                spin: bool) -> dict[int, tuple[float, float]]:
     """{rows: (seconds of the group prefill of rows x prompt, seconds per decode step)}"""
     from gptedge.runtime import SessionConfig, load
-    from gptedge.runtime.bench import bench_prompts
+    from gptedge.measure.bench import bench_prompts
 
     config = SessionConfig(threads=threads, spin=spin)
     model = load(model_dir, device="cpu", session=config)

@@ -12,7 +12,7 @@ import os
 import tempfile
 
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.bench import bench_prompts
+from gptedge.measure.bench import bench_prompts
 from gptedge.runtime.generation.generation import PREFILL_CHUNK
 
 

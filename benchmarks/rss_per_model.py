@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gptedge.runtime.compare import graph_size
+from gptedge.measure.compare import graph_size
 from gptedge.runtime.modeldir.manifest import read_manifest
 
 

@@ -72,7 +72,7 @@ def build(checkpoint: Path, work: Path) -> Path:
                        "--no-page", "--force"])
     optimum = site / "optimum"
     if not (optimum / "onnx" / "model_quantized.onnx").is_file():
-        from gptedge.peers.optimum import optimum_model_dir
+        from gptedge.measure.peers.optimum import optimum_model_dir
 
         fp32 = optimum_model_dir(checkpoint, False, work / "optimum-export")
         q8 = optimum_model_dir(checkpoint, True, work / "optimum-export")

@@ -14,7 +14,7 @@ Adding a member is one module plus one line here:
 - a graph variant: `runtime/<name>_graph.py` with a GraphVariant subclass named `VARIANT`
   (runtime/graphs/graph_variant.py) whose `name` is the line's name.
 
-The peer engines of compare and bench have their registry in gptedge.peers, built the same way.
+The peer engines of compare and bench have their registry in gptedge.measure.peers, built the same way.
 `register` adds a member at run time (a plugin, or a test's toy member).
 """
 

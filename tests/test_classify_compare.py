@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from gptedge.cli import main
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load_classifier
-from gptedge.runtime.classify_compare import compare_classifiers, read_labelled
+from gptedge.measure.classify_compare import compare_classifiers, read_labelled
 from gptedge.runtime.errors import InvalidArgumentError
 
 from .conftest import EXCERPT

@@ -220,7 +220,7 @@ def test_eval_passes_every_option(runner, monkeypatch, captured_load, gpt2_model
 
 
 def test_compare_passes_every_option(runner, monkeypatch, captured_load, gpt2_model_dir, tmp_path):
-    import gptedge.runtime.compare as compare
+    import gptedge.measure.compare as compare
 
     load, _ = captured_load
     run = Calls(compare.compare)
@@ -245,8 +245,8 @@ def test_compare_passes_peers_and_source(runner, monkeypatch, captured_load, gpt
     """--peers, --source and --threads reach open_peers; what it builds reaches compare; its skip lines go to stderr."""
     from contextlib import contextmanager
 
-    import gptedge.peers.score as peer_accuracy
-    import gptedge.runtime.compare as compare
+    import gptedge.measure.peers.score as peer_accuracy
+    import gptedge.measure.compare as compare
 
     opened, scorers = [], [object()]
 
@@ -274,9 +274,9 @@ def test_compare_passes_peers_and_source(runner, monkeypatch, captured_load, gpt
 
 
 def test_bench_passes_every_option(runner, monkeypatch, gpt2_model_dir, gpt2_checkpoint):
-    import gptedge.peers.bench as peer_bench
-    import gptedge.runtime.bench as bench
-    from gptedge.runtime.bench import BenchRow
+    import gptedge.measure.peers.bench as peer_bench
+    import gptedge.measure.bench as bench
+    from gptedge.measure.bench import BenchRow
 
     ours = Calls(BenchRow("gptedge", 0.1, 0.01, 100.0, 50.0))
     peers = Calls([BenchRow("peer", 0.1, 0.01, 100.0, 50.0)])

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from gptedge.peers import bench_names, compare_names
+from gptedge.measure.peers import bench_names, compare_names
 from gptedge import runtime
 from gptedge.runtime.modeldir.genai_config import genai_readiness
 from gptedge.runtime.registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS

@@ -28,11 +28,11 @@ class PeerEntry(Entry):
 
 # One line a peer, in the order the CLI lists them.
 PEERS: Registry[PeerEntry, PeerEngine] = Registry("peer engine", "ENGINE", {
-    "torch": PeerEntry("gptedge.peers.torch", bench=True),
-    "ctranslate2": PeerEntry("gptedge.peers.ctranslate2", bench=True, compare=True),
-    "llama.cpp": PeerEntry("gptedge.peers.llama_cpp", compare=True),
-    "optimum": PeerEntry("gptedge.peers.optimum", bench=True, compare=True),
-    "genai": PeerEntry("gptedge.peers.genai", bench=True, checkpoint=False),
+    "torch": PeerEntry("gptedge.measure.peers.torch", bench=True),
+    "ctranslate2": PeerEntry("gptedge.measure.peers.ctranslate2", bench=True, compare=True),
+    "llama.cpp": PeerEntry("gptedge.measure.peers.llama_cpp", compare=True),
+    "optimum": PeerEntry("gptedge.measure.peers.optimum", bench=True, compare=True),
+    "genai": PeerEntry("gptedge.measure.peers.genai", bench=True, checkpoint=False),
 })
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptedge.runtime.bench import BenchRow, peak_rss_mb
+from gptedge.measure.bench import BenchRow, peak_rss_mb
 
 from .base import BenchJob, PeerEngine, PlannedRow, timed
 

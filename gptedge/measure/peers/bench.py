@@ -11,7 +11,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from gptedge.runtime.bench import BenchRow, peak_rss_mb
+from gptedge.measure.bench import BenchRow, peak_rss_mb
 from gptedge.runtime.errors import install_hint
 
 from . import engine_for

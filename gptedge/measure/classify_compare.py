@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .classify import Classifier
+from gptedge.runtime.classify import Classifier
 from .compare import graph_size
-from .errors import InvalidArgumentError
-from .modeldir.manifest import Manifest
-from .modeldir.tasks import CHOICES, COMBINE_CHOICES, Task, example_fields, read_jsonl
+from gptedge.runtime.errors import InvalidArgumentError
+from gptedge.runtime.modeldir.manifest import Manifest
+from gptedge.runtime.modeldir.tasks import CHOICES, COMBINE_CHOICES, Task, example_fields, read_jsonl
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gptedge.runtime.bench import BenchRow, peak_rss_mb
+from gptedge.measure.bench import BenchRow, peak_rss_mb
 
 from .base import BenchJob, PeerEngine, PlannedRow, timed
 

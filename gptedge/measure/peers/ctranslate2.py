@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptedge.runtime.bench import BenchRow, peak_rss_mb
+from gptedge.measure.bench import BenchRow, peak_rss_mb
 
 from .base import BenchJob, Greedy, PeerEngine, PeerInfo, PlannedRow, ScoreJob, timed, timed_greedy
 

@@ -3,8 +3,8 @@
 Per position: top-1 agreement and KL(ref || model) over the same sliding windows as
 perplexity; greedy agreement over N prompts x M new tokens; decode tokens/s; size on disk.
 
-Peer engines (CTranslate2, llama.cpp, Optimum: gptedge.peers) join the same table as `Scorer`s
-(gptedge.peers.base): they give full per-position logits for a window's ids and a greedy continuation
+Peer engines (CTranslate2, llama.cpp, Optimum: gptedge.measure.peers) join the same table as `Scorer`s
+(gptedge.measure.peers.base): they give full per-position logits for a window's ids and a greedy continuation
 timed the way gptedge's generation times its own (tokens after the first over the time from the first
 to the last, `Generation.tokens_per_s`), and are scored on the same windows against the same reference.
 """
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import InvalidArgumentError, PeerError
-from .generation.evaluate import Progress, Window, log_softmax, sliding_windows, window_logits
+from gptedge.runtime.errors import InvalidArgumentError, PeerError
+from gptedge.runtime.generation.evaluate import Progress, Window, log_softmax, sliding_windows, window_logits
 from .frontier import dominators
 
 if TYPE_CHECKING:  # the protocol only: the runtime imports nothing of the peers
-    from gptedge.peers.base import Scorer
+    from gptedge.measure.peers.base import Scorer
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import missing_extra
+from gptedge.runtime.errors import missing_extra
 from .frontier import pareto_front
 
 GPTEDGE, PEER = "o", "s"  # markers

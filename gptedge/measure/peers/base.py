@@ -1,5 +1,5 @@
 """What a peer engine is to gptedge: the two protocols (bench's timed generation, compare's scoring) and
-what every engine shares. Standard library only: the registry (gptedge.peers) and the CLI import it at
+what every engine shares. Standard library only: the registry (gptedge.measure.peers) and the CLI import it at
 `--help`, and the runtime's compare names `Scorer` in its annotations.
 
 An engine module (torch.py, optimum.py, ctranslate2.py, llama_cpp.py, genai.py) ends with
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-    from gptedge.runtime.bench import BenchRow
+    from gptedge.measure.bench import BenchRow
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ its recipes on the same windows, against the same fp32 reference, as gptedge's r
 | peer | recipes (default) | a window's logits | greedy continuation (timed as gptedge's) |
 |---|---|---|---|
 | ctranslate2 | int8, int8_float32 (converter quantization = compute type) | `Generator.forward_batch` | `Generator.generate_tokens` |
-| llama.cpp | Q8_0, Q4_K_M, Q4_0 (gptedge.peers.llama_cpp) | `Llama(logits_all=True).eval` | `Llama.generate`, temp 0 |
+| llama.cpp | Q8_0, Q4_K_M, Q4_0 (gptedge.measure.peers.llama_cpp) | `Llama(logits_all=True).eval` | `Llama.generate`, temp 0 |
 | optimum | dynamic int8 (ORTQuantizer avx512_vnni, per channel) | `ORTModelForCausalLM(...)` | `.generate` with a streamer |
 
 Peers always run on CPU. A peer whose package is not installed is skipped with a one-line install hint;
