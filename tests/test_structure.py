@@ -156,3 +156,17 @@ def test_help_imports_no_numpy_onnx_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_public_api_is_gptedge_runtime_and_light():
+    """User code imports from gptedge.runtime (the rooms below it may move): every name in __all__ resolves, and
+    `import gptedge.runtime` alone loads no numpy (the names needing it are imported on first use)."""
+    code = ("import sys, gptedge.runtime as rt\n"
+            "light = 'numpy' not in sys.modules\n"
+            "missing = [n for n in rt.__all__ if getattr(rt, n, None) is None]\n"
+            "from gptedge.runtime import LoadedModel, SamplingParams, Engine\n"
+            "print(light, missing, LoadedModel.__module__, SamplingParams.__module__, Engine.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "[]", "gptedge.runtime.model", "gptedge.runtime.generation.generation_options",
+                                  "gptedge.runtime.serving.engine"]
