@@ -22,7 +22,6 @@ from ..errors import ModelDirError
 from ..modeldir.kv_cache import KV_CACHES
 from ..modeldir.manifest import Manifest, ModelShape
 from ..registry import GRAPH_VARIANTS
-from .sequence_pool import SequentialPool
 
 _ORT_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _ORT_CACHE = {**_ORT_FLOAT, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}  # kv_cache.py's storage types
@@ -83,8 +82,9 @@ class GraphVariant:
         return requested
 
     def sequence_pool(self, capacity: int, max_length: int):
-        """The caches of a continuous batch of up to `capacity` sequences (the server's engine)."""
-        return SequentialPool(self, capacity, max_length)
+        """This variant's own pool for a continuous batch of up to `capacity` sequences, or None: then
+        sequence_pool.pool_for gives the default (SequentialPool), which works for every variant."""
+        return None
 
     # -- every position -----------------------------------------------------------------------------
     def empty_past(self, batch: int) -> list[np.ndarray]:

@@ -7,18 +7,19 @@ sequence together with `step`, and removes a sequence when it ends.
 
 `SequentialPool` works for any graph variant: each sequence keeps its own batch-1 cache and a
 step runs them one after another (no batching gain, but always correct). Variants with a
-faster way override `GraphVariant.sequence_pool` (kv_buffer: `kv_buffer_pool.SlotPool`).
+faster way override `GraphVariant.sequence_pool` (kv_buffer: `kv_buffer_pool.SlotPool`); `pool_for`
+asks the variant first and falls back to SequentialPool, so the default lives here, beside the
+interface it implements, and graph_variant.py needs nothing from this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # names for annotations only: graph_variant.py builds its default pool from this module
-    from .graph_variant import DecodeState, GraphVariant
+from .graph_variant import DecodeState, GraphVariant
 
 Prefill = Generator[None, None, np.ndarray]  # one run per next(); returns last-position logits (V,)
 
@@ -88,3 +89,8 @@ class SequentialPool:
 
     def remove(self, seq: int) -> None:
         self._states.pop(seq, None)
+
+
+def pool_for(variant: GraphVariant, capacity: int, max_length: int) -> SequencePool:
+    """The pool of a continuous batch on this variant: its own (kv_buffer's SlotPool) or SequentialPool."""
+    return variant.sequence_pool(capacity, max_length) or SequentialPool(variant, capacity, max_length)

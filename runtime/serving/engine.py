@@ -38,6 +38,7 @@ from .metrics import EngineMetrics
 from ..model import LoadedModel
 from ..generation.sampling import SamplingParams, select_token
 from ..generation.text_stream import TextStream
+from ..graphs.sequence_pool import pool_for
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class Engine:
             prefill_chunk = check_int(prefill_chunk, "prefill_chunk", 1)
         self.model, self.max_batch, self.max_queue, self.prefill_chunk = model, max_batch, max_queue, prefill_chunk
         shape = model.manifest.shape
-        self.pool = model.variant.sequence_pool(max_batch, shape.context_length)
+        self.pool = pool_for(model.variant, max_batch, shape.context_length)
         self.metrics = EngineMetrics()
         self._tokenizer = model.tokenizer if (model.model_dir / "tokenizer.json").is_file() else None
         self._cond = threading.Condition()
