@@ -11,8 +11,8 @@ import json
 import os
 import tempfile
 
-from gptedge.runtime import SessionConfig, load
 from gptedge.measure.bench import bench_prompts
+from gptedge.runtime import SessionConfig, load
 from gptedge.runtime.generation.generation import PREFILL_CHUNK
 
 

@@ -230,8 +230,8 @@ def measure_load(url: str, prompts: list[list[int]], args, extra: dict | None = 
 
 
 def bench_model(model: Path, args, in_process: bool = True) -> dict:
-    from gptedge.runtime import SessionConfig, load
     from gptedge.measure.compare import graph_size
+    from gptedge.runtime import SessionConfig, load
     from gptedge.runtime.modeldir.manifest import read_manifest
 
     manifest = read_manifest(model)

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .checks.graph_check import check_graph, manifest_from_hf_dir
+from .checks.integrity import open_checked_session
+from .errors import InvalidArgumentError, ModelDirError
 from .generation.arguments import check_bool, check_ids, check_options, check_stop, check_text
 from .generation.beam_search import BeamOptions, BeamResult, beam_search
-from .errors import InvalidArgumentError, ModelDirError
 from .generation.generation import PREFILL_CHUNK, Generation, run_generation
-from .checks.graph_check import check_graph, manifest_from_hf_dir
-from .graphs.graph_variant import GraphVariant, variant_for
-from .checks.integrity import open_checked_session
-from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .generation.sampling import SamplingParams
+from .graphs.graph_variant import GraphVariant, variant_for
 from .graphs.session import SessionConfig, import_onnxruntime
+from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .modeldir.tasks import article
 from .modeldir.tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 

@@ -15,17 +15,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .classify import check_head_graph
-from .errors import GptEdgeError, ModelDirError
 from .checks.fingerprint import fingerprint_problems, record_fingerprint
 from .checks.graph_check import check_graph
-from .graphs.graph_variant import variant_for
 from .checks.integrity import graph_facts, load_dir_tokenizer, model_path
-from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
-from .model import LoadedModel
 from .checks.model_claims import claim_problems
-from .modeldir.model_files import confined, hash_problems
+from .classify import check_head_graph
+from .errors import GptEdgeError, ModelDirError
+from .graphs.graph_variant import variant_for
 from .graphs.session import CUDA_PROVIDER, SessionConfig, available_providers, import_onnxruntime, make_session
+from .model import LoadedModel
+from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
+from .modeldir.model_files import confined, hash_problems
 
 OK, FAIL, WARN = "ok", "FAIL", "warn"
 

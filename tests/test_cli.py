@@ -245,8 +245,8 @@ def test_compare_passes_peers_and_source(runner, monkeypatch, captured_load, gpt
     """--peers, --source and --threads reach open_peers; what it builds reaches compare; its skip lines go to stderr."""
     from contextlib import contextmanager
 
-    import gptedge.measure.peers.score as peer_accuracy
     import gptedge.measure.compare as compare
+    import gptedge.measure.peers.score as peer_accuracy
 
     opened, scorers = [], [object()]
 
@@ -274,8 +274,8 @@ def test_compare_passes_peers_and_source(runner, monkeypatch, captured_load, gpt
 
 
 def test_bench_passes_every_option(runner, monkeypatch, gpt2_model_dir, gpt2_checkpoint):
-    import gptedge.measure.peers.bench as peer_bench
     import gptedge.measure.bench as bench
+    import gptedge.measure.peers.bench as peer_bench
     from gptedge.measure.bench import BenchRow
 
     ours = Calls(BenchRow("gptedge", 0.1, 0.01, 100.0, 50.0))

@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from gptedge.cli import main
-from gptedge.measure.peers.base import Greedy, decode_rate, timed_greedy
-from gptedge.measure.peers.score import open_peers, unavailable
 from gptedge.measure.compare import CompareRow, compare
 from gptedge.measure.frontier import dominates, dominators, pareto_front
+from gptedge.measure.peers.base import Greedy, decode_rate, timed_greedy
+from gptedge.measure.peers.score import open_peers, unavailable
 
 from .conftest import EXCERPT, tiny_reference, write_checkpoint
 

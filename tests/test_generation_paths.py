@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from gptedge.runtime.serving.engine import CompletionRequest, Engine, EngineStoppedError
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation.generation import Generation, SequenceState, check_prompts, left_pad, positions
 from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.serving.engine import CompletionRequest, Engine, EngineStoppedError
 
 
 def next_logits(model, ids) -> np.ndarray:

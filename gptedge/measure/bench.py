@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gptedge.runtime.model import load
 from gptedge.runtime.graphs.session import SessionConfig
+from gptedge.runtime.model import load
 
 
 @dataclass

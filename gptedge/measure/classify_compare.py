@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from gptedge.runtime.classify import Classifier
-from .compare import graph_size
 from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.modeldir.manifest import Manifest
 from gptedge.runtime.modeldir.tasks import CHOICES, COMBINE_CHOICES, Task, example_fields, read_jsonl
+
+from .compare import graph_size
 
 log = logging.getLogger(__name__)
 

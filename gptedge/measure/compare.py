@@ -22,6 +22,7 @@ import numpy as np
 
 from gptedge.runtime.errors import InvalidArgumentError, PeerError
 from gptedge.runtime.generation.evaluate import Progress, Window, log_softmax, sliding_windows, window_logits
+
 from .frontier import dominators
 
 if TYPE_CHECKING:  # the protocol only: the runtime imports nothing of the peers

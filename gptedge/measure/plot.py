@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from gptedge.runtime.errors import missing_extra
+
 from .frontier import pareto_front
 
 GPTEDGE, PEER = "o", "s"  # markers

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from gptedge.runtime.serving.engine import Engine
 from gptedge.runtime.model import LoadedModel
+from gptedge.runtime.serving.engine import Engine
 
 from .classify_schema import CLASSIFICATION
 from .limits import CLOSE, DROP_REASONS, Limits

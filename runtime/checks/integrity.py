@@ -13,12 +13,12 @@ import logging
 from pathlib import Path
 
 from ..errors import ModelDirError
+from ..graphs.session import SessionConfig, make_session
 from ..modeldir.manifest import MANIFEST_NAME, Manifest
-from .model_claims import claim_problems
 from ..modeldir.model_files import HashCheck, check_records, confined
 from ..modeldir.onnx_wire import is_ort_format, read_graph_facts
-from ..graphs.session import SessionConfig, make_session
 from ..modeldir.tokenizer import TOKENIZER_FILE, load_tokenizer
+from .model_claims import claim_problems
 
 log = logging.getLogger(__name__)
 

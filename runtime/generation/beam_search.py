@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..graphs.graph_variant import GraphVariant
 from .generation import check_prompts, left_pad, positions, prefill
 from .generation_options import BeamOptions
-from ..graphs.graph_variant import GraphVariant
 
 NEG = np.float32(-1.0e9)  # transformers' "impossible" score
 

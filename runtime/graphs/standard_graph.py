@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import contract as C
-from .graph_variant import GraphVariant, reorder_rows
 from ..modeldir.manifest import ModelShape
+from .graph_variant import GraphVariant, reorder_rows
 
 
 class StandardState:

@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 
 from ..contract import GRAPH_STANDARD, IONames
 from ..errors import GptEdgeError, ModelDirError
+from ..registry import FAMILIES, GRAPH_VARIANTS
 from .kv_cache import DEFAULT_KV_CACHE, kv_cache_kind
 from .model_files import FileRecord, record_files
 from .recipe import QuantizeRecipe
-from ..registry import FAMILIES, GRAPH_VARIANTS
 from .tasks import Task
 
 MANIFEST_NAME = "gptedge.json"
