@@ -26,15 +26,8 @@ from gptedge.onnx_files import WeightSink, save_onnx
 from gptedge.runtime import contract as C
 from gptedge.runtime.classify import load_classifier
 from gptedge.runtime.errors import CheckpointError, InvalidArgumentError, ParityError
-from gptedge.runtime.modeldir.manifest import (
-    MODEL_FILE,
-    GraphParity,
-    Manifest,
-    Parity,
-    Source,
-    write_json,
-    write_manifest,
-)
+from gptedge.runtime.modeldir.manifest import (MODEL_FILE, GraphParity, Manifest, Parity, Source, write_json,
+                                                write_manifest)
 from gptedge.runtime.modeldir.tasks import SPECIAL_ROLES, SpecialTokens, Task, transformation
 from gptedge.runtime.modeldir.tokenizer import load_tokenizer
 from gptedge.runtime.registry import TASKS
