@@ -144,7 +144,8 @@ TASKS: Registry[TaskEntry, object] = Registry("task", "TASK", {
     "similarity": TaskEntry("gptedge.runtime.modeldir.tasks", fields=("a", "b"),
                             sequences=(("start", "a", "delimiter", "b", "extract"),
                                        ("start", "b", "delimiter", "a", "extract")), combine="sum"),
-    "multiple-choice": TaskEntry("gptedge.runtime.modeldir.tasks", head="multiple-choice", fields=("context", "choices"),
+    "multiple-choice": TaskEntry("gptedge.runtime.modeldir.tasks", head="multiple-choice",
+                                 fields=("context", "choices"),
                                  sequences=(("start", "context", "delimiter", "choice", "extract"),),
                                  combine="choices"),
 })

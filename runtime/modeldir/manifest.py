@@ -195,8 +195,8 @@ class Manifest:
     # the KV cache's storage on a kv_buffer graph (runtime/modeldir/kv_cache.py); absent (older dirs): fp32, the graph's
     # own float type
     kv_cache: str = DEFAULT_KV_CACHE
-    # A fine-tuned task head (runtime/modeldir/tasks.py): its graph outputs the head's logits, not the vocabulary's, and has
-    # no KV cache. Absent (None) in a language model's manifest, which is written without the key, as before.
+    # A fine-tuned task head (runtime/modeldir/tasks.py): its graph outputs the head's logits, not the vocabulary's,
+    # and has no KV cache. Absent (None) in a language model's manifest, which is written without the key, as before.
     task: Task | None = None
 
     def __post_init__(self) -> None:

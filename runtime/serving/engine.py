@@ -33,7 +33,8 @@ import numpy as np
 from ..generation.arguments import check_bool, check_int, check_stop
 from ..errors import GptEdgeError
 from ..generation.evaluate import log_softmax
-from ..generation.generation import (PREFILL_CHUNK, STOP_CONTEXT, STOP_MAX_NEW, Generation, SequenceState, check_prompts)
+from ..generation.generation import (PREFILL_CHUNK, STOP_CONTEXT, STOP_MAX_NEW, Generation, SequenceState,
+                                     check_prompts)
 from .metrics import EngineMetrics
 from ..model import LoadedModel
 from ..generation.sampling import SamplingParams, select_token
