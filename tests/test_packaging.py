@@ -16,7 +16,7 @@ FOLDERS = {"gptedge": "gptedge", "gptedge.export": "export", "gptedge.runtime": 
 
 
 def source_modules() -> set[str]:
-    """Every module of the source as its path inside the wheel (export/x.py -> gptedge/export/x.py)."""
+    """Every module of the source as its path inside the wheel (the folder export/ is gptedge/export/ there)."""
     out = set()
     for package, folder in FOLDERS.items():
         for path in (ROOT / folder).rglob("*.py"):

@@ -17,6 +17,7 @@ Rooms and packages, taken as nodes, make no cycle either.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -255,3 +256,20 @@ def test_the_public_api_is_gptedge_runtime_and_light():
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "[]", "gptedge.runtime.model",
                                   "gptedge.runtime.generation.generation_options", "gptedge.runtime.serving.engine"]
+
+
+# A path of this repository cited in a comment, docstring or message: `runtime/graphs/session.py`, `tests/conftest.py`.
+CITED = re.compile(r"(?<![\w./-])((?:runtime|export|quantize|gptedge|tests|benchmarks|scripts|samples|deploy)/"
+                   r"[\w./-]*\w\.(?:py|sh|toml|json|jsonl|yml|yaml|js|html))(?![\w.])")
+NOT_A_FILE = {"samples/sample-model/e.jsonl"}  # test_sample_classifier's overlapping --out, a path it never writes
+
+
+def test_every_path_cited_in_the_source_exists():
+    """After a move, a comment naming the old path misleads the next reader (argmax_graph.py once cited a test file
+    that never existed): every repository path the code, tests and benchmarks cite is a file."""
+    sources = [p for folder in ("runtime", "export", "quantize", "gptedge", "tests", "benchmarks", "samples", "scripts")
+               for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".sh", ".toml") and ".venv" not in p.parts]
+    missing = [f"{path.relative_to(ROOT)}:{n}: {cited}" for path in [*sources, ROOT / "pyproject.toml"]
+               for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               for cited in CITED.findall(line) if cited not in NOT_A_FILE and not (ROOT / cited).exists()]
+    assert not missing, "cited paths that do not exist: " + "; ".join(missing)
