@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, PromptTooLongError
 from ..graphs.graph_variant import DecodeState, GraphVariant
+from .arguments import check_ids
 from .sampling import SamplingParams, select_token
 from .text_stream import TextStream
 
@@ -74,16 +75,10 @@ def prefill(state: DecodeState, ids: np.ndarray, mask: np.ndarray, chunk: int | 
     return logits
 
 
-def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
-    """Every id of a prompt inside the vocabulary (ONNX Runtime's own error for one outside is a raw Gather failure)."""
-    wrong = next((i for i in ids if not 0 <= i < vocab_size), None)
-    if wrong is not None:
-        raise InvalidArgumentError(f"token id {wrong} is outside the vocabulary (0..{vocab_size - 1})")
-
-
 def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, context_length: int,
                   vocab_size: int | None = None) -> None:
-    """Prompts that fit the context with room for max_new_tokens >= 1; with vocab_size, their ids too."""
+    """Prompts that fit the context with room for max_new_tokens >= 1; with vocab_size, their ids too (integers
+    inside the vocabulary: ONNX Runtime's own error for one outside is a raw Gather failure)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InvalidArgumentError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if not prompts:
@@ -96,7 +91,7 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, context
                 f"prompt is {len(p)} tokens; the model's context holds {context_length}, leaving no room for a new token"
             )
         if vocab_size is not None:
-            check_token_ids(p, vocab_size)
+            check_ids(p, vocab_size, "prompt token ids")
 
 
 @dataclass
