@@ -98,16 +98,29 @@ def record_files(model_dir: str | Path, model_file: str) -> tuple[FileRecord, ..
     return tuple(records)
 
 
-def check_records(model_dir: Path, records: tuple[FileRecord, ...]) -> None:
-    """Every recorded path confined, present and of its recorded size (a stat each); raises the first problem."""
+def record_problems(model_dir: Path, records: tuple[FileRecord, ...]) -> list[str]:
+    """Every recorded path confined, present and of its recorded size (a stat each) -> one line per problem, all
+    of them (verify lists them; load raises the first through check_records)."""
+    problems = []
     for r in records:
-        path = confined(model_dir, r.path, "file")
+        try:
+            path = confined(model_dir, r.path, "file")
+        except ModelDirError as e:
+            problems.append(str(e).removeprefix(f"{model_dir}: "))
+            continue
         if not path.is_file():
-            raise ModelDirError(f"{model_dir}: {r.path} is missing (gptedge.json records {r.size:,} bytes)")
-        size = path.stat().st_size
-        if size != r.size:
-            raise ModelDirError(f"{model_dir}: {r.path} is {size:,} bytes, gptedge.json records {r.size:,} "
-                                "(the file changed after gptedge wrote it)")
+            problems.append(f"{r.path} is missing (gptedge.json records {r.size:,} bytes)")
+        elif (size := path.stat().st_size) != r.size:
+            problems.append(f"{r.path} is {size:,} bytes, gptedge.json records {r.size:,} "
+                            "(the file changed after gptedge wrote it)")
+    return problems
+
+
+def check_records(model_dir: Path, records: tuple[FileRecord, ...]) -> None:
+    """record_problems, raising the first (load's pass before ONNX Runtime reads anything)."""
+    problems = record_problems(model_dir, records)
+    if problems:
+        raise ModelDirError(f"{model_dir}: {problems[0]}")
 
 
 def hash_problems(model_dir: Path, records: tuple[FileRecord, ...]) -> list[str]:
