@@ -74,8 +74,9 @@ class Task:
 
 
 def article(word: str) -> str:
-    """'an' before a task name that starts with a vowel ('an entailment classifier'), else 'a'."""
-    return "an" if word[:1].lower() in "aeiou" else "a"
+    """'an' before a task name that starts with a vowel ('an entailment classifier'), else 'a' (an empty word too:
+    '' is in every string, so the first letter is looked up among the vowels, not as a substring)."""
+    return "an" if word[:1].lower() in tuple("aeiou") else "a"
 
 
 def transformation(name: str) -> Transformation:
