@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 import numpy as np
 
 from gptedge.runtime import load
-from gptedge.runtime.engine import CompletionRequest, Engine
-from gptedge.runtime.generation import left_pad, prefill
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.generation import left_pad, prefill
+from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.serving.engine import CompletionRequest, Engine
 
 
 def last_logits(model, prompts: list[list[int]]) -> np.ndarray:

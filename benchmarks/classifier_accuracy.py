@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from gptedge.runtime import load_classifier
-from gptedge.runtime.tasks import read_jsonl
+from gptedge.runtime.modeldir.tasks import read_jsonl
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import ctranslate2
 import numpy as np
 
 from gptedge.runtime import load
-from gptedge.runtime.evaluate import log_softmax, sliding_windows, window_logits
+from gptedge.runtime.generation.evaluate import log_softmax, sliding_windows, window_logits
 
 
 def main() -> None:

@@ -33,15 +33,16 @@ def cpu_line() -> str:
 def step_times(model_dir: str, rows: list[int], prompt: int, steps: int, threads: int,
                spin: bool) -> dict[int, tuple[float, float]]:
     """{rows: (seconds of the group prefill of rows x prompt, seconds per decode step)}"""
+    from gptedge.measure.bench import bench_prompts
     from gptedge.runtime import SessionConfig, load
-    from gptedge.runtime.bench import bench_prompts
+    from gptedge.runtime.graphs.sequence_pool import pool_for
 
     config = SessionConfig(threads=threads, spin=spin)
     model = load(model_dir, device="cpu", session=config)
     vocab = model.manifest.shape.vocab_size
     out = {}
     for n in rows:
-        pool = model.variant.sequence_pool(max(rows), model.manifest.shape.context_length)
+        pool = pool_for(model.variant, max(rows), model.manifest.shape.context_length)
         prompts = bench_prompts(vocab, n, prompt)
         started = time.perf_counter()
         logits = pool.prefill_group(list(range(n)), prompts)  # (n, V)

@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gptedge.peers.base import timed as peer_timing  # noqa: E402
-from gptedge.peers.genai import bench_genai  # noqa: E402
-from gptedge.runtime.bench import bench_gptedge, bench_prompts  # noqa: E402
+from gptedge.measure.bench import bench_gptedge, bench_prompts  # noqa: E402
+from gptedge.measure.peers.base import timed as peer_timing  # noqa: E402
+from gptedge.measure.peers.genai import bench_genai  # noqa: E402
 
 
 def timed(generate, new_tokens: int, batch: int, repeat: int, sync=lambda: None) -> dict:
-    """`gptedge bench --peers`' own timing (gptedge.peers.base.timed), as this script's JSON fields."""
+    """`gptedge bench --peers`' own timing (gptedge.measure.peers.base.timed), as this script's JSON fields."""
     ttft, rate, runs = peer_timing(generate, new_tokens, batch, repeat, sync)
     return {"ttft_ms": 1000 * ttft, "decode_tok_s": rate, "runs": runs}
 

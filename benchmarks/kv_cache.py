@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gptedge.measure.bench import bench_prompts
+from gptedge.measure.compare import matching_prefix
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.bench import bench_prompts
-from gptedge.runtime.compare import matching_prefix
-from gptedge.runtime.kv_cache import KV_CACHES
+from gptedge.runtime.modeldir.kv_cache import KV_CACHES
 
 PREFILL = 32  # tokens of each accuracy window prefilled in one run; the rest are fed one at a time
 

@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.manifest import read_manifest
-from gptedge.runtime.model_files import forget_digests, hash_problems
-from gptedge.runtime.session import make_session
+from gptedge.runtime.graphs.session import make_session
+from gptedge.runtime.modeldir.manifest import read_manifest
+from gptedge.runtime.modeldir.model_files import forget_digests, hash_problems
 
 
 def median_s(fn, repeat: int) -> float:

@@ -1,7 +1,7 @@
 """Mutation testing of gptedge's core modules: each module against the tests paired with it in pyproject.toml
 ([tool.gptedge.mutation.modules]), one module at a time, and the score per module.
 
-    .venv/bin/python benchmarks/mutation.py [--module runtime/sampling.py ...] [--json OUT.json]
+    .venv/bin/python benchmarks/mutation.py [--module runtime/generation/sampling.py ...] [--json OUT.json]
         [--survivors-of EARLIER.json] [--sample N] [--max-mutants N] [--list]
 
 Mutants are mutmut's (2.5.x): its operators, and its mutant ids (a source line and an index within it). They run

@@ -11,9 +11,9 @@ import json
 import os
 import tempfile
 
+from gptedge.measure.bench import bench_prompts
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.bench import bench_prompts
-from gptedge.runtime.generation import PREFILL_CHUNK
+from gptedge.runtime.generation.generation import PREFILL_CHUNK
 
 
 def main() -> None:

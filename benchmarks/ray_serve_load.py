@@ -119,8 +119,8 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=8, help="Each server's / replica's max batch.")
     args = ap.parse_args()
     args.clients = sorted({int(c) for c in args.clients.split(",")} | {1})
-    from gptedge.runtime.bench import bench_prompts
-    from gptedge.runtime.manifest import read_manifest
+    from gptedge.measure.bench import bench_prompts
+    from gptedge.runtime.modeldir.manifest import read_manifest
 
     manifest = read_manifest(args.model)
     prompts = bench_prompts(manifest.shape.vocab_size, max(args.clients) * args.requests, args.prompt)

@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gptedge.runtime.compare import graph_size
-from gptedge.runtime.manifest import read_manifest
+from gptedge.measure.compare import graph_size
+from gptedge.runtime.modeldir.manifest import read_manifest
 
 
 def main() -> None:

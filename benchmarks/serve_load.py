@@ -35,7 +35,7 @@ quantizes the GGUFs here):
 
 The checkpoint (default: the one the first dir's manifest was exported from; it must hold the same weights) is
 converted once to an f32 GGUF by llama.cpp's own converter and quantized once per recipe by llama.cpp
-(gptedge/peers/llama_cpp.py), under --work/CHECKPOINT-HASH, reused after. Each run starts every gptedge dir's server
+(gptedge/measure/peers/llama_cpp.py), under --work/CHECKPOINT-HASH, reused after. Each run starts every gptedge dir's server
 and then every recipe's `llama-server -m GGUF -t T -tb T -np B -c B*CONTEXT --host 127.0.0.1 --port P` (B: the
 same max batch gptedge gets, so each slot holds the model's whole context), waits for GET /health, sends the same
 warm-up and the same prompts as to gptedge (prompt ids, `cache_prompt: false` so a prompt repeated at the next
@@ -209,7 +209,7 @@ def pct(values, q) -> float:
 
 def load_prompts(vocab_size: int, args) -> list[list[int]]:
     """Seeded: the same prompts for every gptedge dir and every peer."""
-    from gptedge.runtime.bench import bench_prompts
+    from gptedge.measure.bench import bench_prompts
 
     return bench_prompts(vocab_size, max(args.clients) * args.requests, args.prompt)
 
@@ -230,9 +230,9 @@ def measure_load(url: str, prompts: list[list[int]], args, extra: dict | None = 
 
 
 def bench_model(model: Path, args, in_process: bool = True) -> dict:
+    from gptedge.measure.compare import graph_size
     from gptedge.runtime import SessionConfig, load
-    from gptedge.runtime.compare import graph_size
-    from gptedge.runtime.manifest import read_manifest
+    from gptedge.runtime.modeldir.manifest import read_manifest
 
     manifest = read_manifest(model)
     prompts = load_prompts(manifest.shape.vocab_size, args)
@@ -329,7 +329,7 @@ def checkpoint_work(checkpoint: Path, manifests: dict, work: Path) -> Path:
 def peer_gguf(checkpoint: Path, recipe: str, work: Path, threads: int) -> Path:
     """work/model-RECIPE.gguf, made once with llama.cpp's converter and quantizer; each is made in a temporary dir
     and renamed into place, so an interrupted conversion never leaves a GGUF to be reused."""
-    from gptedge.peers.llama_cpp import convert_to_gguf, quantize_gguf
+    from gptedge.measure.peers.llama_cpp import convert_to_gguf, quantize_gguf
 
     work.mkdir(parents=True, exist_ok=True)
     f32, final = work / "model-f32.gguf", work / f"model-{recipe}.gguf"
@@ -435,8 +435,8 @@ def machine_facts(args, binary: Path, context: int) -> list[str]:
 
 
 def compare_with_peer(args) -> None:
-    from gptedge.peers.llama_cpp import FTYPES
-    from gptedge.runtime.manifest import read_manifest
+    from gptedge.measure.peers.llama_cpp import FTYPES
+    from gptedge.runtime.modeldir.manifest import read_manifest
 
     binary = llama_server_binary()
     bad = [r for r in args.peer_recipes if r not in FTYPES]

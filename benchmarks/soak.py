@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.sampling import SamplingParams
 
 MIXES = [(1, SamplingParams(greedy=True)), (8, SamplingParams(top_k=40, temperature=0.8, seed=1)),
          (1, SamplingParams(top_p=0.9, seed=2)), (8, SamplingParams(greedy=True)),

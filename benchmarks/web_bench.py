@@ -72,7 +72,7 @@ def build(checkpoint: Path, work: Path) -> Path:
                        "--no-page", "--force"])
     optimum = site / "optimum"
     if not (optimum / "onnx" / "model_quantized.onnx").is_file():
-        from gptedge.peers.optimum import optimum_model_dir
+        from gptedge.measure.peers.optimum import optimum_model_dir
 
         fp32 = optimum_model_dir(checkpoint, False, work / "optimum-export")
         q8 = optimum_model_dir(checkpoint, True, work / "optimum-export")
@@ -170,7 +170,7 @@ def agreement(ours: list[list[int]], ref: list[list[int]]) -> float:
 
 
 def graph_bytes(folder: Path, dtype: str) -> int:
-    from gptedge.runtime.web_ready import DTYPE_SUFFIX
+    from gptedge.runtime.modeldir.web_ready import DTYPE_SUFFIX
 
     stem = f"model{DTYPE_SUFFIX[dtype]}.onnx"
     return sum(f.stat().st_size for f in (folder / "onnx").iterdir() if f.name in (stem, stem + "_data"))

@@ -23,17 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
     from torch import nn
 
     from .config import GPTConfig
     from .graph_attention import AttentionWriter
-    from .graph_writer import GraphWriter
+    from .graph_writer import GraphWriter, Weights
 
 HF_PREFIX = "transformer."  # the LM-head models' base model; bare base-model checkpoints omit it
-Weights = dict[str, np.ndarray]  # reference parameter name -> float32 array
 
 
 @dataclass(frozen=True)

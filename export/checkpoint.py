@@ -22,7 +22,7 @@ import torch
 from gptedge.runtime.errors import CheckpointError
 
 from .config import GPTConfig
-from .families import family
+from .families import family, hf_config, read_hf_config
 from .reference import GPT
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def read_config(source: Path) -> GPTConfig:
     if not source.is_dir():
         raise CheckpointError(f"{source}: not a directory")
     try:
-        return GPTConfig.from_hf(json.loads(path.read_text(encoding="utf-8")))
+        return read_hf_config(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise CheckpointError(f"{source}: no config.json") from None
     except json.JSONDecodeError as e:
@@ -144,4 +144,4 @@ def save_checkpoint(model: GPT, out_dir: str | Path, dtype: torch.dtype = torch.
     fam = family(model.cfg.arch)
     state = {fam.hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2) + "\n", encoding="utf-8")
+    (out_dir / "config.json").write_text(json.dumps(hf_config(model.cfg), indent=2) + "\n", encoding="utf-8")

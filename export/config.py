@@ -1,7 +1,6 @@
-"""The one frozen config of the reference GPT; each family reads and writes its HF config.json (families.py).
-
-config.py -> families.py -> base.py, and each family module -> config.py: no cycle (families.py finds the
-family modules by name, through runtime/registry.py)."""
+"""The one frozen config of the reference GPT. Reading and writing an HF config.json is each family's
+(families.py: read_hf_config / hf_config), so this module imports no family: families.py -> base.py ->
+config.py, and each family module -> config.py, with no way back."""
 
 from __future__ import annotations
 
@@ -9,10 +8,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gptedge.runtime.errors import CheckpointError
-from gptedge.runtime.manifest import ModelShape
+from gptedge.runtime.modeldir.manifest import ModelShape
 from gptedge.runtime.registry import FAMILIES
-
-from .families import family, family_for_model_type
 
 ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu")
 
@@ -48,15 +45,6 @@ class GPTConfig:
 
     def shape(self) -> ModelShape:
         return ModelShape(self.arch, self.n_layer, self.n_head, self.head_dim, self.vocab_size, self.n_positions)
-
-    @classmethod
-    def from_hf(cls, d: dict[str, Any]) -> "GPTConfig":
-        """Read an HF config.json dict with the family its model_type names; unsupported fields raise, naming the field."""
-        return family_for_model_type(d.get("model_type")).config_from_hf(d)
-
-    def to_hf(self) -> dict[str, Any]:
-        """An HF config.json that transformers and Optimum load (GPT2Config / OpenAIGPTConfig)."""
-        return family(self.arch).config_to_hf(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,13 +22,14 @@ from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import WeightSink, save_onnx
 from gptedge.runtime.contract import GRAPH_KV_BUFFER, GRAPH_STANDARD, IONames
 from gptedge.runtime.errors import CheckpointError
-from gptedge.runtime.fingerprint import record_fingerprint
-from gptedge.runtime.genai_config import write_genai_files
-from gptedge.runtime.manifest import MODEL_FILE, Manifest, Parity, Source, write_json, write_manifest
-from gptedge.runtime.tokenizer import load_tokenizer
+from gptedge.runtime.checks.fingerprint import record_fingerprint
+from gptedge.runtime.modeldir.genai_config import write_genai_files
+from gptedge.runtime.modeldir.manifest import MODEL_FILE, Manifest, Parity, Source, write_json, write_manifest
+from gptedge.runtime.modeldir.tokenizer import load_tokenizer
 
 from .checkpoint import file_sha256, load_checkpoint, weights_file
 from .config import GPTConfig
+from .families import hf_config
 from .hub import resolve_source
 from .onnx_graph import DEFAULT_OPSET, build_graph
 from .reference import GPT
@@ -98,7 +99,7 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
     out = Path(out)
     with atomic_output_dir(out, force, inputs=[source_dir] if source_dir else ()) as tmp:
         fused_ops = write_graph(reference, tmp / MODEL_FILE, opset, fused, graph_variant)
-        write_json(tmp / "config.json", cfg.to_hf())
+        write_json(tmp / "config.json", hf_config(cfg))
         write_json(tmp / "generation_config.json",
                    {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
         has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False

@@ -14,10 +14,10 @@ import torch
 from gptedge.runtime.errors import CheckpointError
 
 from .config import GPTConfig, positive_int
-from .base import Family, Weights
+from .base import Family
 from .graph_attention import AttentionWriter, GroupQueryAttention, MultiHeadAttention, PlainAttention
 from .graph_ops import layer_norm, mlp
-from .graph_writer import GraphWriter
+from .graph_writer import GraphWriter, Weights
 from .layers import KV, BlockLayers
 
 # HF activation_function -> ours. "gelu_new" is the tanh approximation, "gelu" the exact erf.

@@ -17,9 +17,8 @@ from onnx import TensorProto
 from gptedge.runtime import contract as C
 
 from .config import GPTConfig
-from .base import Weights
 from .graph_ops import linear
-from .graph_writer import FLOAT_MIN, MS_DOMAIN, GraphWriter
+from .graph_writer import FLOAT_MIN, MS_DOMAIN, GraphWriter, Weights
 
 
 class AttentionWriter:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Weights
-from .graph_writer import MS_DOMAIN, GraphWriter
+from .graph_writer import MS_DOMAIN, GraphWriter, Weights
 
 
 def linear(g: GraphWriter, x: str, w: Weights, prefix: str, bias: bool = True) -> str:

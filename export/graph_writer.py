@@ -21,6 +21,7 @@ from gptedge.onnx_files import WeightSink
 
 MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops
 FLOAT_MIN = float(np.finfo(np.float32).min)
+Weights = dict[str, np.ndarray]  # reference parameter name -> float32 array: what a graph is written from
 
 
 class GraphWriter:

@@ -26,13 +26,15 @@ from gptedge.onnx_files import WeightSink, save_onnx
 from gptedge.runtime import contract as C
 from gptedge.runtime.classify import load_classifier
 from gptedge.runtime.errors import CheckpointError, InvalidArgumentError, ParityError
-from gptedge.runtime.manifest import MODEL_FILE, GraphParity, Manifest, Parity, Source, write_json, write_manifest
+from gptedge.runtime.modeldir.manifest import (MODEL_FILE, GraphParity, Manifest, Parity, Source, write_json,
+                                                write_manifest)
+from gptedge.runtime.modeldir.tasks import SPECIAL_ROLES, SpecialTokens, Task, transformation
+from gptedge.runtime.modeldir.tokenizer import load_tokenizer
 from gptedge.runtime.registry import TASKS
-from gptedge.runtime.tasks import SPECIAL_ROLES, SpecialTokens, Task, transformation
-from gptedge.runtime.tokenizer import load_tokenizer
 
 from .checkpoint import file_sha256, weights_file
 from .exporter import check_opset
+from .families import hf_config
 from .head_graph import build_head_graph
 from .hub import resolve_source
 from .onnx_graph import DEFAULT_OPSET
@@ -140,7 +142,7 @@ def export_task(source: str | Path, out: str | Path, task: str | None = None,
         roles = transformation(name).special_roles()
         spec = _task(reference, config, name, special_tokens(roles, source, tokenizer, cfg.vocab_size, special, name))
         fused_ops = _write_graph(reference, tmp / MODEL_FILE, opset, fused)
-        hf = {**cfg.to_hf(), "architectures": list(config.get("architectures") or []), "pad_token_id": spec.pad_id}
+        hf = {**hf_config(cfg), "architectures": list(config.get("architectures") or []), "pad_token_id": spec.pad_id}
         if spec.id2label:
             hf.update(id2label=spec.id2label, label2id={v: int(k) for k, v in spec.id2label.items()})
         write_json(tmp / "config.json", hf)

@@ -22,12 +22,11 @@ from onnx import TensorProto, helper
 from gptedge.onnx_files import WeightSink
 from gptedge.runtime import contract as C
 
-from .base import Weights
 from .config import GPTConfig
 from .families import family
 from .graph_attention import choose_attention
 from .graph_ops import layer_norm
-from .graph_writer import MS_DOMAIN, GraphWriter
+from .graph_writer import MS_DOMAIN, GraphWriter, Weights
 from .task_heads import HeadKind
 
 DIM_CHOICES = "num_choices"

@@ -14,10 +14,10 @@ import torch
 from gptedge.runtime.errors import CheckpointError
 
 from .config import GPTConfig, positive_int
-from .base import Family, Weights
+from .base import Family
 from .graph_attention import AttentionWriter, PlainAttention
 from .graph_ops import layer_norm, mlp
-from .graph_writer import GraphWriter
+from .graph_writer import GraphWriter, Weights
 from .layers import KV, BlockLayers
 
 # HF afn -> ours: OpenAIGPT's "gelu" is the tanh approximation; it has no exact-erf GELU.

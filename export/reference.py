@@ -10,11 +10,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gptedge.runtime.generation import positions
-
 from .config import GPTConfig
 from .families import family
 from .layers import KV, attention_allowed
+
+
+def reference_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """position_ids (B, T) for a left-padded mask: cumsum(mask) - 1, clipped at 0. The same rule as the
+    runtime's generation.positions, written in torch so the oracle imports nothing of the runtime it checks
+    (tests/test_reference.py holds the two equal)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 class GPT(nn.Module):
@@ -58,8 +63,8 @@ class GPT(nn.Module):
         P = past[0][0].shape[2] if past else 0
         if attention_mask is None:
             attention_mask = torch.ones(B, P + S, dtype=torch.long, device=input_ids.device)
-        if position_ids is None:  # left padding: the runtime's rule, cumsum(mask) - 1 clipped at 0
-            position_ids = torch.from_numpy(positions(attention_mask.cpu().numpy())[:, P:]).to(input_ids.device)
+        if position_ids is None:  # left padding: the runtime's rule (generation.positions), in torch
+            position_ids = reference_positions(attention_mask)[:, P:]
         allowed = attention_allowed(attention_mask, S)  # (B, 1, S, P + S)
         h = self.wte(input_ids) + self.wpe(position_ids)  # (B, S, C)
         presents: list[KV] = []

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from gptedge.runtime.errors import CheckpointError
-from gptedge.runtime.tasks import HEAD_CHOICE, HEAD_SEQUENCE
+from gptedge.runtime.modeldir.tasks import HEAD_CHOICE, HEAD_SEQUENCE
 
 from .checkpoint import load_state, read_config, read_tensors, split_head_tensors, weights_file
 from .config import GPTConfig
@@ -35,7 +35,7 @@ SUMMARY_ACTIVATIONS = {None: nn.Identity, "tanh": nn.Tanh}  # HF summary_activat
 
 @dataclass(frozen=True)
 class HeadKind:
-    name: str  # HEAD_SEQUENCE / HEAD_CHOICE (runtime/tasks.py)
+    name: str  # HEAD_SEQUENCE / HEAD_CHOICE (runtime/modeldir/tasks.py)
     architectures: tuple[str, ...]  # config.json "architectures" that carry it
     prefix: str  # its tensors' HF prefix
     output: str  # the graph output: transformers' name for these logits

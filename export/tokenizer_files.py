@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from gptedge.runtime.errors import CheckpointError
-from gptedge.runtime.tokenizer import TOKENIZER_FILE
+from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 
 log = logging.getLogger(__name__)
 

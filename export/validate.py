@@ -16,8 +16,8 @@ import torch
 
 from gptedge.runtime import contract as C
 from gptedge.runtime.errors import ParityError
-from gptedge.runtime.generation import positions
-from gptedge.runtime.manifest import GraphParity, GreedyParity
+from gptedge.runtime.generation.generation import positions
+from gptedge.runtime.modeldir.manifest import GraphParity, GreedyParity
 
 from .reference import GPT, greedy_ids
 

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from gptedge.runtime.errors import ModelDirError, OutputExistsError, OutputNotWritableError
-from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 
 MARKER = ".gptedge-partial"  # inside a partial or old dir: {"pid": ..., "host": ...}
 PACK_MANIFEST = "gptedge-pack.json"  # what `gptedge pack` writes in place of a model dir's manifest

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gptedge.atomic import writable_dir_for
 from gptedge.runtime.errors import GptEdgeError, OutputNotWritableError, missing_extra
-from gptedge.runtime.manifest import MANIFEST_NAME
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 

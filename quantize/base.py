@@ -22,8 +22,8 @@ from pathlib import Path
 
 import onnx
 
-from gptedge.runtime.manifest import Manifest, ModelShape
-from gptedge.runtime.recipe import QuantizeRecipe
+from gptedge.runtime.modeldir.manifest import Manifest, ModelShape
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 
 @dataclass(frozen=True)
 class QuantizeJob:

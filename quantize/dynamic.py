@@ -1,7 +1,7 @@
 """Dynamic INT8: s8 weights, u8 activations quantized at run time.
 
 Every linear MatMul (with its bias Add) and the tied LM head are quantized (a task head's linear only with
-recipe.quantize_head: by default it stays fp32, see runtime/recipe.py). By default each row of
+recipe.quantize_head: by default it stays fp32, see runtime/modeldir/recipe.py). By default each row of
 activations (one position of one sequence) gets its own scale, so a sequence's result does not
 depend on what else is in its batch: absmax per row -> QuantizeLinear -> MatMulIntegerToFloat ->
 rescale (+ bias). `activation_scale="per-tensor"` keeps the one fused DynamicQuantizeMatMul with
@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from gptedge.runtime.manifest import ModelShape
-from gptedge.runtime.recipe import QuantizeRecipe
+from gptedge.runtime.modeldir.manifest import ModelShape
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 
 from . import int8_math as qm
 from .base import Method, Quantized, QuantizeJob, Storage

@@ -27,8 +27,8 @@ from onnx.external_data_helper import load_external_data_for_model
 
 from gptedge.runtime import contract as C
 from gptedge.runtime.errors import QuantizationError
-from gptedge.runtime.manifest import ModelShape
-from gptedge.runtime.recipe import QuantizeRecipe
+from gptedge.runtime.modeldir.manifest import ModelShape
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 
 from .base import Method, Quantized, QuantizeJob, Storage
 

@@ -26,8 +26,8 @@ from onnx import TensorProto, numpy_helper
 from gptedge import runtime
 from gptedge.runtime import contract as C
 from gptedge.runtime.errors import QuantizationError
-from gptedge.runtime.kv_cache import DEFAULT_KV_CACHE, KVCacheKind, kv_cache_kind
-from gptedge.runtime.tokenizer import encode, load_tokenizer
+from gptedge.runtime.modeldir.kv_cache import DEFAULT_KV_CACHE, KVCacheKind, kv_cache_kind
+from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,6 @@ from gptedge.runtime.registry import QUANTIZATION_METHODS
 from .base import Method
 
 
-def method_names() -> tuple[str, ...]:
-    return QUANTIZATION_METHODS.names()
-
-
 def method(name: str) -> Method:
     """The method a recipe names (the recipe has already refused unknown names)."""
     return QUANTIZATION_METHODS.load(name)

@@ -21,12 +21,12 @@ from gptedge import __version__, runtime
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
 from gptedge.runtime.errors import QuantizationError
-from gptedge.runtime.fingerprint import record_fingerprint
-from gptedge.runtime.genai_config import write_genai_files
-from gptedge.runtime.manifest import (Fingerprint, Manifest, Parity, Quantization, QuantizedParity, Source,
+from gptedge.runtime.checks.fingerprint import record_fingerprint
+from gptedge.runtime.modeldir.genai_config import write_genai_files
+from gptedge.runtime.modeldir.manifest import (Fingerprint, Manifest, Parity, Quantization, QuantizedParity, Source,
                                       read_manifest, write_manifest)
-from gptedge.runtime.recipe import QuantizeRecipe
-from gptedge.runtime.tokenizer import TOKENIZER_FILE
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe
+from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 
 from . import kv_cache as kv
 from .base import Method, Quantized, QuantizeJob

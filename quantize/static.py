@@ -23,10 +23,10 @@ from onnx import TensorProto, helper, numpy_helper
 from gptedge.onnx_files import external_data_path, save_onnx
 from gptedge.runtime.classify import HeadFeeds
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
-from gptedge.runtime.graph_variant import GraphVariant, variant_class
-from gptedge.runtime.manifest import ModelShape
-from gptedge.runtime.recipe import QuantizeRecipe
-from gptedge.runtime.tokenizer import encode, load_tokenizer
+from gptedge.runtime.graphs.graph_variant import GraphVariant, variant_class
+from gptedge.runtime.modeldir.manifest import ModelShape
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe
+from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
 
 from .base import Method, Quantized, QuantizeJob, Storage
 from .rewrite import Rewrite

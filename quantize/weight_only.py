@@ -14,8 +14,8 @@ import onnx
 from onnx import TensorProto
 
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
-from gptedge.runtime.manifest import ModelShape
-from gptedge.runtime.recipe import QuantizeRecipe, block_linear_names, kept_at_8bit
+from gptedge.runtime.modeldir.manifest import ModelShape
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linear_names, kept_at_8bit
 
 from . import int8_math as qm
 from . import nbit_math as nm

@@ -1,4 +1,4 @@
-"""A loaded classifier dir (a task head, runtime/tasks.py): examples -> labels and probabilities.
+"""A loaded classifier dir (a task head, runtime/modeldir/tasks.py): examples -> labels and probabilities.
 
     clf = gptedge.runtime.load_classifier("out/entail")
     clf.classify(("A man sleeps.", "Nobody is awake.")).label        # "contradiction"
@@ -7,7 +7,7 @@
 The manifest's task says how an example becomes token rows (its transformation) and how the rows'
 logits combine: one row; similarity's two orders added; one logit per choice, a softmax across them.
 Load checks what it can before handing the model out, as load() does for a language model: file sizes
-and hashes, the manifest's claims against the graph (runtime/model_claims.py), the I/O names, the
+and hashes, the manifest's claims against the graph (runtime/checks/model_claims.py), the I/O names, the
 special tokens inside the vocabulary, and one probe run whose output shape must be the task's.
 Like LoadedModel, a Classifier holds no per-call state: concurrent calls are safe.
 """
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .arguments import check_text
+from .generation.arguments import check_text
 from .errors import InvalidArgumentError, ModelDirError
-from .integrity import open_checked_session
-from .manifest import MANIFEST_NAME, Manifest, read_manifest
-from .session import SessionConfig
-from .tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,
+from .checks.integrity import open_checked_session
+from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
+from .graphs.session import SessionConfig
+from .modeldir.tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,
                     example_fields, rows)
-from .tokenizer import encode
+from .modeldir.tokenizer import encode
 
 DEFAULT_BATCH = 32  # rows per run (batch 1 and 32 are what compare measures)
 

@@ -19,19 +19,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .arguments import check_bool, check_ids, check_options, check_stop, check_text
-from .beam_search import BeamOptions, BeamResult, beam_search
-from .cuda_graph import decode_graph_bytes
+from .checks.graph_check import check_graph, manifest_from_hf_dir
+from .checks.integrity import open_checked_session
 from .errors import InvalidArgumentError, ModelDirError
-from .generation import PREFILL_CHUNK, Generation, run_generation
-from .graph_check import check_graph, manifest_from_hf_dir
-from .graph_variant import GraphVariant, variant_for
-from .integrity import open_checked_session
-from .manifest import MANIFEST_NAME, Manifest, read_manifest
-from .sampling import SamplingParams
-from .session import SessionConfig, import_onnxruntime, make_session
-from .tasks import article
-from .tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
+from .generation.arguments import check_bool, check_ids, check_options, check_stop, check_text
+from .generation.beam_search import BeamOptions, BeamResult, beam_search
+from .generation.generation import PREFILL_CHUNK, Generation, run_generation
+from .generation.sampling import SamplingParams
+from .graphs.graph_variant import GraphVariant, variant_for
+from .graphs.cuda_graph import decode_graph_bytes
+from .graphs.session import SessionConfig, import_onnxruntime, make_session
+from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
+from .modeldir.tasks import article
+from .modeldir.tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
 
 log = logging.getLogger(__name__)
 

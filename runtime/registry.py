@@ -12,9 +12,9 @@ Adding a member is one module plus one line here:
 - a quantization method: `quantize/<name>.py` ending with `METHOD = Method(...)` (quantize/base.py),
   its line saying which weight widths it stores (the recipe checks them without loading it);
 - a graph variant: `runtime/<name>_graph.py` with a GraphVariant subclass named `VARIANT`
-  (runtime/graph_variant.py) whose `name` is the line's name.
+  (runtime/graphs/graph_variant.py) whose `name` is the line's name.
 
-The peer engines of compare and bench have their registry in gptedge.peers, built the same way.
+The peer engines of compare and bench have their registry in gptedge.measure.peers, built the same way.
 `register` adds a member at run time (a plugin, or a test's toy member).
 """
 
@@ -47,13 +47,13 @@ class MethodEntry(Entry):
     float16: bool = False  # can also turn the float parts of its graph into fp16 (recipe.float16, for GPUs)
     calibrated: bool = False  # needs calibration text (quantize --calibration)
     # ONNX ops its graphs hold and no other method's do: a manifest's method is checked against them at load
-    # (runtime/model_claims.py); () for a method that writes only float ops (fp16); None: not said (not checked)
+    # (runtime/checks/model_claims.py); () for a method that writes only float ops (fp16); None: not said (not checked)
     ops: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class GraphEntry(Entry):
-    """A graph variant's line: its I/O contract, checked against the graph at load (runtime/model_claims.py)."""
+    """A graph variant's line: its I/O contract, checked against the graph at load (runtime/checks/model_claims.py)."""
 
     shared_buffer: bool = False  # past and present are one buffer that GroupQueryAttention writes in place
 
@@ -68,7 +68,7 @@ class FamilyEntry(Entry):
 
 @dataclass(frozen=True)
 class TaskEntry(Entry):
-    """A fine-tuned task's line (the original GPT's input transformations, runtime/tasks.py): which head its
+    """A fine-tuned task's line (the original GPT's input transformations, runtime/modeldir/tasks.py): which head its
     graph ends in, the fields a caller gives, the token templates of an example's rows (a special token's
     role, "start" / "delimiter" / "extract", or a field; "choice" stands for each of the "choices") and how
     the rows' logits combine ("one" row; "sum" of the rows, similarity's two orders; one logit per "choices")."""
@@ -138,17 +138,18 @@ QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization met
 # The GPT paper's four task formats (§3.3). Their lines are data: export copies the chosen one into the manifest,
 # which the runtime reads (an old gptedge's manifest names no task: an LM).
 TASKS: Registry[TaskEntry, object] = Registry("task", "TASK", {
-    "classification": TaskEntry("gptedge.runtime.tasks"),
-    "entailment": TaskEntry("gptedge.runtime.tasks", fields=("premise", "hypothesis"),
+    "classification": TaskEntry("gptedge.runtime.modeldir.tasks"),
+    "entailment": TaskEntry("gptedge.runtime.modeldir.tasks", fields=("premise", "hypothesis"),
                             sequences=(("start", "premise", "delimiter", "hypothesis", "extract"),)),
-    "similarity": TaskEntry("gptedge.runtime.tasks", fields=("a", "b"),
+    "similarity": TaskEntry("gptedge.runtime.modeldir.tasks", fields=("a", "b"),
                             sequences=(("start", "a", "delimiter", "b", "extract"),
                                        ("start", "b", "delimiter", "a", "extract")), combine="sum"),
-    "multiple-choice": TaskEntry("gptedge.runtime.tasks", head="multiple-choice", fields=("context", "choices"),
+    "multiple-choice": TaskEntry("gptedge.runtime.modeldir.tasks", head="multiple-choice",
+                                 fields=("context", "choices"),
                                  sequences=(("start", "context", "delimiter", "choice", "extract"),),
                                  combine="choices"),
 })
 GRAPH_VARIANTS: Registry[GraphEntry, type] = Registry("graph variant", "VARIANT", {
-    GRAPH_STANDARD: GraphEntry("gptedge.runtime.standard_graph"),
-    GRAPH_KV_BUFFER: GraphEntry("gptedge.runtime.kv_buffer_graph", shared_buffer=True),
+    GRAPH_STANDARD: GraphEntry("gptedge.runtime.graphs.standard_graph"),
+    GRAPH_KV_BUFFER: GraphEntry("gptedge.runtime.graphs.kv_buffer_graph", shared_buffer=True),
 })

@@ -15,17 +15,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checks.fingerprint import fingerprint_problems, record_fingerprint
+from .checks.graph_check import check_graph
+from .checks.integrity import graph_facts, load_dir_tokenizer, model_path
+from .checks.model_claims import claim_problems
 from .classify import check_head_graph
 from .errors import GptEdgeError, ModelDirError
-from .fingerprint import fingerprint_problems, record_fingerprint
-from .graph_check import check_graph
-from .graph_variant import variant_for
-from .integrity import graph_facts, load_dir_tokenizer, model_path
-from .manifest import MANIFEST_NAME, Manifest, read_manifest
+from .graphs.graph_variant import variant_for
+from .graphs.session import CUDA_PROVIDER, SessionConfig, available_providers, import_onnxruntime, make_session
 from .model import LoadedModel
-from .model_claims import claim_problems
-from .model_files import confined, hash_problems
-from .session import CUDA_PROVIDER, SessionConfig, available_providers, import_onnxruntime, make_session
+from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
+from .modeldir.model_files import hash_problems, record_problems
 
 OK, FAIL, WARN = "ok", "FAIL", "warn"
 
@@ -44,19 +44,7 @@ def _file_findings(model_dir: Path, manifest: Manifest) -> list[Finding]:
     if not manifest.files:
         return [Finding(FAIL, "files", f"{MANIFEST_NAME} records no file sizes or hashes (an older gptedge wrote it): "
                                        "the files cannot be verified; export / quantize it again")]
-    problems = []
-    for r in manifest.files:
-        try:
-            path = confined(model_dir, r.path, "file")
-        except ModelDirError as e:
-            problems.append(str(e).split(": ", 1)[-1])
-            continue
-        if not path.is_file():
-            problems.append(f"{r.path} is missing ({MANIFEST_NAME} records {r.size:,} bytes)")
-        elif path.stat().st_size != r.size:
-            problems.append(f"{r.path} is {path.stat().st_size:,} bytes, {MANIFEST_NAME} records {r.size:,}")
-    if not problems:
-        problems = hash_problems(model_dir, manifest.files)
+    problems = record_problems(model_dir, manifest.files) or hash_problems(model_dir, manifest.files)
     if problems:
         return [Finding(FAIL, "files", p) for p in problems]
     total = sum(r.size for r in manifest.files)

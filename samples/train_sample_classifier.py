@@ -35,6 +35,7 @@ import torch
 from torch.nn import functional as F
 
 from gptedge.export.checkpoint import load_checkpoint
+from gptedge.export.families import hf_config
 from gptedge.export.task_heads import load_task_checkpoint
 
 START, EXTRACT = "<|endoftext|>", "<|extract|>"
@@ -155,7 +156,7 @@ def save(body, score: torch.Tensor, tok, labels: list[str], out: Path, log: dict
     state = {f"transformer.{k}": v.detach().float().contiguous() for k, v in body.state_dict().items()}
     state["score.weight"] = score.detach().float().contiguous()  # (L, C), no bias: transformers' score
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    config = {**body.cfg.to_hf(), "architectures": ["GPT2ForSequenceClassification"], "num_labels": len(labels),
+    config = {**hf_config(body.cfg), "architectures": ["GPT2ForSequenceClassification"], "num_labels": len(labels),
               "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)},
               "pad_token_id": tok.token_to_id(START), "problem_type": "single_label_classification"}
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

@@ -21,7 +21,7 @@ def reference_perplexity(model, ids: list[int], context: int, stride: int | None
 
     import torch
 
-    from gptedge.runtime.evaluate import sliding_windows
+    from gptedge.runtime.generation.evaluate import sliding_windows
 
     nll, count = 0.0, 0
     with torch.no_grad():

@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.engine import CompletionRequest, Engine
 from gptedge.runtime.errors import InvalidArgumentError
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.serving.engine import CompletionRequest, Engine
 
 # (what, call on the loaded model m, error type, words the one line must hold)
 CASES = [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gptedge.runtime.manifest import Manifest, ModelShape
+from gptedge.runtime.modeldir.manifest import Manifest, ModelShape
 from gptedge.atomic import (MARKER, atomic_output_dir, atomic_output_file, check_output, check_output_file,
                             scratch_dir, sweep_stale, writable_dir_for)
 from gptedge.runtime.errors import OutputExistsError, OutputNotWritableError

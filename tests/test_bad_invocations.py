@@ -155,7 +155,7 @@ class Row:
 
 
 def _cuda_present() -> str | None:
-    from gptedge.runtime.session import CUDA_PROVIDER, available_providers
+    from gptedge.runtime.graphs.session import CUDA_PROVIDER, available_providers
 
     return "this machine has the CUDA provider" if CUDA_PROVIDER in available_providers() else None
 
@@ -393,7 +393,7 @@ def test_failed_output_removes_the_folders_made_for_it(tmp_path):
 
 def test_force_replaces_a_gptedge_dir_or_an_empty_one(tmp_path, monkeypatch):
     from gptedge.atomic import atomic_output_dir
-    from gptedge.runtime.manifest import Manifest, ModelShape
+    from gptedge.runtime.modeldir.manifest import Manifest, ModelShape
 
     monkeypatch.chdir(tmp_path)
     for existing in ("empty", "model"):

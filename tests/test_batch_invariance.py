@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gptedge.runtime import load
-from gptedge.runtime.generation import left_pad, prefill
+from gptedge.runtime.generation.generation import left_pad, prefill
 
 RECIPES = {
     "int4-asym": dict(method="weight-only", bits=4),

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gptedge.runtime import load
-from gptedge.runtime.beam_search import BeamOptions
 from gptedge.runtime.errors import InvalidArgumentError
+from gptedge.runtime.generation.beam_search import BeamOptions
 
 from .conftest import built_once, tiny_reference, write_checkpoint
 from .test_beam_search import assert_same, transformers_beams

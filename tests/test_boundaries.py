@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gptedge.runtime.errors import InvalidArgumentError
-from gptedge.runtime.sampling import (SamplingParams, apply_repetition_penalty, select_token, softmax,
+from gptedge.runtime.generation.sampling import (SamplingParams, apply_repetition_penalty, select_token, softmax,
                                       top_k_filter, top_p_filter)
 
 

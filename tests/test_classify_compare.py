@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from gptedge.cli import main
+from gptedge.measure.classify_compare import compare_classifiers, read_labelled
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load_classifier
-from gptedge.runtime.classify_compare import compare_classifiers, read_labelled
 from gptedge.runtime.errors import InvalidArgumentError
 
 from .conftest import EXCERPT

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from gptedge import __version__
 from gptedge.cli import main
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.sampling import SamplingParams
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_export_passes_every_option(runner, monkeypatch, gpt2_checkpoint, tmp_pa
     from types import SimpleNamespace as NS
 
     import gptedge.export.exporter as exporter
-    from gptedge.runtime.manifest import Manifest, ModelShape  # --force replaces only a dir holding a manifest
+    from gptedge.runtime.modeldir.manifest import Manifest, ModelShape  # --force replaces only a dir holding a manifest
 
     parity = NS(graph_vs_reference=NS(max_abs_diff=0.0, output="logits", step="prefill", top1_agreement=1.0),
                 greedy_vs_reference=NS(tokens_compared=1, prompts=1))
@@ -204,7 +204,7 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
 
 
 def test_eval_passes_every_option(runner, monkeypatch, captured_load, gpt2_model_dir, tmp_path):
-    import gptedge.runtime.evaluate as evaluate
+    import gptedge.runtime.generation.evaluate as evaluate
 
     load, _ = captured_load
     ppl = Calls(evaluate.perplexity)
@@ -220,7 +220,7 @@ def test_eval_passes_every_option(runner, monkeypatch, captured_load, gpt2_model
 
 
 def test_compare_passes_every_option(runner, monkeypatch, captured_load, gpt2_model_dir, tmp_path):
-    import gptedge.runtime.compare as compare
+    import gptedge.measure.compare as compare
 
     load, _ = captured_load
     run = Calls(compare.compare)
@@ -245,8 +245,8 @@ def test_compare_passes_peers_and_source(runner, monkeypatch, captured_load, gpt
     """--peers, --source and --threads reach open_peers; what it builds reaches compare; its skip lines go to stderr."""
     from contextlib import contextmanager
 
-    import gptedge.peers.score as peer_accuracy
-    import gptedge.runtime.compare as compare
+    import gptedge.measure.compare as compare
+    import gptedge.measure.peers.score as peer_accuracy
 
     opened, scorers = [], [object()]
 
@@ -274,9 +274,9 @@ def test_compare_passes_peers_and_source(runner, monkeypatch, captured_load, gpt
 
 
 def test_bench_passes_every_option(runner, monkeypatch, gpt2_model_dir, gpt2_checkpoint):
-    import gptedge.peers.bench as peer_bench
-    import gptedge.runtime.bench as bench
-    from gptedge.runtime.bench import BenchRow
+    import gptedge.measure.bench as bench
+    import gptedge.measure.peers.bench as peer_bench
+    from gptedge.measure.bench import BenchRow
 
     ours = Calls(BenchRow("gptedge", 0.1, 0.01, 100.0, 50.0))
     peers = Calls([BenchRow("peer", 0.1, 0.01, 100.0, 50.0)])

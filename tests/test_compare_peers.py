@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from gptedge.cli import main
-from gptedge.peers.base import Greedy, decode_rate, timed_greedy
-from gptedge.peers.score import open_peers, unavailable
-from gptedge.runtime.compare import CompareRow, compare
-from gptedge.runtime.frontier import dominates, dominators, pareto_front
+from gptedge.measure.compare import CompareRow, compare
+from gptedge.measure.frontier import dominates, dominators, pareto_front
+from gptedge.measure.peers.base import Greedy, decode_rate, timed_greedy
+from gptedge.measure.peers.score import open_peers, unavailable
 
 from .conftest import EXCERPT, tiny_reference, write_checkpoint
 
@@ -159,7 +159,7 @@ def test_frontier_dominance_and_front():
 
 
 def test_timed_greedy_stops_and_rates_as_generation(monkeypatch):
-    import gptedge.peers.base as cmp
+    import gptedge.measure.peers.base as cmp
 
     clock = iter([10.0, 12.0])  # read after the first token, then after the last
     monkeypatch.setattr(cmp.time, "perf_counter", lambda: next(clock))
@@ -188,7 +188,7 @@ def test_frontier_panel_fills_the_front_and_draws_its_steps():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gptedge.runtime.plot import plot_frontier
+    from gptedge.measure.plot import plot_frontier
 
     rows = [_row("/x/fp32", 0.0, 100.0), _row("/x/a", 0.001, 200.0), _row("p q", 0.002, 150.0, peer=True),
             _row("/x/b", 0.0005, 180.0), _row("r s", 0.01, 300.0, peer=True)]

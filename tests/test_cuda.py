@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptedge.runtime.session import CUDA_PROVIDER, available_providers
+from gptedge.runtime.graphs.session import CUDA_PROVIDER, available_providers
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(CUDA_PROVIDER not in available_providers(),
                                                    reason="no CUDA execution provider in this onnxruntime")]
@@ -64,7 +64,7 @@ def test_fp16_greedy_on_cuda_follows_cpu_fp32(dirs):
 
 def test_device_argmax_equals_host_argmax_on_cuda(dirs):
     from gptedge.runtime import load
-    from gptedge.runtime.generation import left_pad, positions
+    from gptedge.runtime.generation.generation import left_pad, positions
 
     model = load(dirs["fp16-kv_buffer"], device="cuda")
     assert model.providers[0] == CUDA_PROVIDER and model.variant.kv_device == "cuda"
@@ -104,11 +104,11 @@ def test_info_shows_the_gpu(dirs):
 
 
 def test_cuda_graphs_decode_as_the_ordinary_path(dirs):
-    """Decode steps replayed as CUDA graphs (runtime/cuda_graph.py) pick the ordinary path's tokens, at batch 1 and
+    """Decode steps replayed as CUDA graphs (runtime/graphs/cuda_graph.py) pick the ordinary path's tokens, at batch 1 and
     on a left-padded batch of 3, in a first generation (capture) and a second (replay); sampling reads the same
     logits (same seed, same tokens)."""
     from gptedge.runtime import SessionConfig, load
-    from gptedge.runtime.cuda_graph import GraphDecodeState
+    from gptedge.runtime.graphs.cuda_graph import GraphDecodeState
 
     graphs = load(dirs["fp16-kv_buffer"], device="cuda")
     plain = load(dirs["fp16-kv_buffer"], device="cuda", session=SessionConfig(cuda_graph=False))
@@ -130,12 +130,12 @@ def test_cuda_graphs_decode_as_the_ordinary_path(dirs):
 
 
 def test_the_engine_on_cuda_serves_from_device_slots_as_generate(dirs):
-    """`serve --device cuda`: the engine's pool is the GPU's slot pool (runtime/device_slot_pool.py), its decode
+    """`serve --device cuda`: the engine's pool is the GPU's slot pool (runtime/graphs/device_slot_pool.py), its decode
     step one captured graph over every slot; greedy requests get generate()'s tokens."""
     from gptedge.runtime import load
-    from gptedge.runtime.device_slot_pool import DeviceSlotPool
-    from gptedge.runtime.engine import CompletionRequest, Engine
-    from gptedge.runtime.sampling import SamplingParams
+    from gptedge.runtime.graphs.device_slot_pool import DeviceSlotPool
+    from gptedge.runtime.serving.engine import CompletionRequest, Engine
+    from gptedge.runtime.generation.sampling import SamplingParams
 
     from .test_engine import Collector
 

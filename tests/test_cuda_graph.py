@@ -1,4 +1,4 @@
-"""The CUDA-graph decoder (runtime/cuda_graph.py) on the CPU: the same fixed buffers, context-wide mask and
+"""The CUDA-graph decoder (runtime/graphs/cuda_graph.py) on the CPU: the same fixed buffers, context-wide mask and
 two kinds of run as on a GPU, through the one CPU session, against the ordinary kv_buffer path.
 
 What only a GPU shows (the capture itself, its speed) is in tests/test_cuda.py, skipped without CUDA.
@@ -14,11 +14,11 @@ import pytest
 
 from gptedge.runtime import SessionConfig, load
 from gptedge.runtime import contract as C
-from gptedge.runtime.cuda_graph import GraphDecodeState, decode_graph_bytes
-from gptedge.runtime.onnx_wire import WireError, without_graph_input
-from gptedge.runtime.session import make_session
+from gptedge.runtime.graphs.cuda_graph import GraphDecodeState, decode_graph_bytes
+from gptedge.runtime.modeldir.onnx_wire import WireError, without_graph_input
+from gptedge.runtime.graphs.session import make_session
 from gptedge.runtime.errors import ModelDirError
-from gptedge.runtime.kv_buffer_graph import KVBufferState
+from gptedge.runtime.graphs.kv_buffer_graph import KVBufferState
 
 PROMPTS = [[5, 17, 300, 42, 7, 9, 11], [3, 4], [8000, 1, 2, 3, 4]]  # left-padded to 7
 
@@ -72,7 +72,7 @@ def test_graph_decoder_greedy_equals_ordinary_path(kvb, pick_on_device):
 def test_graph_decoder_logits_equal_ordinary_path(kvb):
     """Sampling reads every logit: the decoder's (B, V) after prefill and each step equal KVBufferState's."""
     model = _graph_model(kvb)
-    from gptedge.runtime.generation import left_pad, positions
+    from gptedge.runtime.generation.generation import left_pad, positions
 
     ids, mask = left_pad(PROMPTS, 0)
     graph_state, plain_state = model.variant.start(3, 16), KVBufferState(model.variant, 3, 16)

@@ -1,4 +1,4 @@
-"""The GPU's slot pool (runtime/device_slot_pool.py) on the CPU: the same slots, device-address bindings and one
+"""The GPU's slot pool (runtime/graphs/device_slot_pool.py) on the CPU: the same slots, device-address bindings and one
 decode run over every slot, through the CPU session, against the CPU's own SlotPool on one schedule of joins,
 chunked prefills, steps and leaves; and the engine serving through it as through SlotPool."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from gptedge.runtime import load
-from gptedge.runtime.cuda_graph import GraphDecoder
-from gptedge.runtime.device_slot_pool import DeviceSlotPool
-from gptedge.runtime.kv_buffer_pool import SlotPool
-from gptedge.runtime.sequence_pool import drain
+from gptedge.runtime.graphs.cuda_graph import GraphDecoder
+from gptedge.runtime.graphs.device_slot_pool import DeviceSlotPool
+from gptedge.runtime.graphs.kv_buffer_pool import SlotPool
+from gptedge.runtime.graphs.sequence_pool import drain
 
 A, B, C_, D = [5, 17, 300, 42, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1], [1000, 2000], [11, 12, 13, 14, 15, 16, 17]
 
@@ -71,8 +71,8 @@ def test_device_slot_pool_refuses_what_it_cannot_hold(model):
 
 
 def test_the_engine_through_the_device_slot_pool_gives_solo_greedy_results(model):
-    from gptedge.runtime.engine import CompletionRequest, Engine
-    from gptedge.runtime.sampling import SamplingParams
+    from gptedge.runtime.serving.engine import CompletionRequest, Engine
+    from gptedge.runtime.generation.sampling import SamplingParams
 
     from .test_engine import Collector, _requests
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gptedge.runtime.engine import CompletionRequest, Engine, FinishReason, QueueFullError
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason, QueueFullError
 
 WAIT_S = 60  # every wait has a deadline: a regression fails the test, never hangs the suite
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gptedge.runtime.engine import CompletionRequest, Engine, FinishReason
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason
+from gptedge.runtime.generation.sampling import SamplingParams
 from .test_engine import Collector
 
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from gptedge.cli import main
-from gptedge.runtime.evaluate import perplexity, sliding_windows
+from gptedge.runtime.generation.evaluate import perplexity, sliding_windows
 from gptedge.runtime.errors import InvalidArgumentError
 
 from .conftest import EXCERPT, reference_perplexity

@@ -13,7 +13,7 @@ from gptedge.export.validate import compare_graph, compare_greedy, greedy_prompt
 from gptedge.runtime import contract as C
 from gptedge.runtime import load
 from gptedge.runtime.errors import OutputExistsError, ParityError
-from gptedge.runtime.manifest import Manifest, ModelShape
+from gptedge.runtime.modeldir.manifest import Manifest, ModelShape
 
 from .conftest import tiny_reference
 

@@ -13,9 +13,9 @@ import pytest
 
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
-from gptedge.runtime.argmax_graph import argmax_model
 from gptedge.runtime.errors import InvalidArgumentError
-from gptedge.runtime.generation import left_pad, positions
+from gptedge.runtime.generation.generation import left_pad, positions
+from gptedge.runtime.graphs.argmax_graph import argmax_model
 
 
 @pytest.fixture(scope="module")

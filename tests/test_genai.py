@@ -175,8 +175,8 @@ def test_genai_config_fields(genai_dirs):
 
 
 def test_genai_readiness(genai_dirs, tmp_path):
-    from gptedge.runtime.genai_config import genai_readiness
-    from gptedge.runtime.manifest import read_manifest
+    from gptedge.runtime.modeldir.genai_config import genai_readiness
+    from gptedge.runtime.modeldir.manifest import read_manifest
 
     for model_dir in genai_dirs.values():
         assert genai_readiness(model_dir, read_manifest(model_dir)).ready

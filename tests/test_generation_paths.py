@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from gptedge.runtime.engine import CompletionRequest, Engine, EngineStoppedError
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.generation import Generation, SequenceState, check_prompts, left_pad, positions
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.generation import Generation, SequenceState, check_prompts, left_pad, positions
+from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.serving.engine import CompletionRequest, Engine, EngineStoppedError
 
 
 def next_logits(model, ids) -> np.ndarray:
@@ -38,6 +38,8 @@ def test_positions_and_left_padding():
      "prompt is 16 tokens; the model's context holds 16, leaving no room for a new token$"),
     ([[1, 100]], 1, InvalidArgumentError, "token id 100 is outside the vocabulary \\(0..99\\)$"),
     ([[-1]], 1, InvalidArgumentError, "token id -1 is outside"),
+    ([[1, 2.0]], 1, TypeError, "prompt token ids are integers, got float"),  # the one id check (arguments.check_ids)
+    ([[1, True]], 1, TypeError, "prompt token ids are integers, got bool"),
 ])
 def test_each_prompt_check_trips(prompts, new, error, says):
     with pytest.raises(error, match="^" + says):

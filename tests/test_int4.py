@@ -21,8 +21,8 @@ from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.quantize.rewrite import Rewrite
 from gptedge.runtime import load
 from gptedge.runtime.errors import InvalidArgumentError
-from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest, write_manifest
-from gptedge.runtime.recipe import kept_at_8bit
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from gptedge.runtime.modeldir.recipe import kept_at_8bit
 
 from .conftest import tiny_reference, write_checkpoint
 

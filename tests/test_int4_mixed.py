@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from gptedge.cli import main
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
+from gptedge.runtime.checks.model_claims import SAYS
 from gptedge.runtime.errors import InvalidArgumentError, ModelDirError
-from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest
-from gptedge.runtime.model_claims import SAYS
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 
 from .test_int4 import fake_quantized
 

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from gptedge.cli import main
 from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError, QuantizationError
-from gptedge.runtime.manifest import MANIFEST_NAME, Manifest, ModelShape
+from gptedge.runtime.graphs.sequence_pool import pool_for
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape
 
 from tests.conftest import EXCERPT, ROOT, tiny_config, write_checkpoint
 
@@ -104,7 +105,7 @@ def test_quantized_caches_stay_close_to_fp32s_at_every_position(loaded):
 def test_pool_and_generation_buffers_are_the_declared_type_and_smaller(loaded):
     sizes = {}
     for cache, model in loaded.items():
-        pool = model.variant.sequence_pool(4, 64)  # gptedge serve's pool
+        pool = pool_for(model.variant, 4, 64)  # gptedge serve's pool
         assert {b.dtype for b in pool.kv} == {np.dtype(ELEMENT[cache])}
         sizes[cache] = sum(b.nbytes for b in pool.kv)
         state = model.variant.start(2, 64)  # a generation's buffers (ONNX Runtime's own)
@@ -118,7 +119,7 @@ def test_serve_pool_decodes_with_a_quantized_cache(loaded):
     for cache in ("int8", "int4"):
         model = loaded[cache]
         want = model.generate_batch([prompt], 12, greedy=True, ignore_eos=True, with_text=False)[0].ids
-        pool = model.variant.sequence_pool(2, 64)
+        pool = pool_for(model.variant, 2, 64)
         prefill = pool.prefill(0, prompt, None)
         try:
             while True:
@@ -138,7 +139,7 @@ def test_serve_pool_prefills_a_group_with_a_quantized_cache(loaded):
     for cache in ("int8", "int4"):
         model = loaded[cache]
         want = [model.generate_batch([p], 10, greedy=True, ignore_eos=True, with_text=False)[0].ids for p in prompts]
-        pool = model.variant.sequence_pool(2, 64)
+        pool = pool_for(model.variant, 2, 64)
         tokens = pool.prefill_group([0, 1], prompts).argmax(-1)
         got = [[int(t)] for t in tokens]
         for _ in range(9):

@@ -13,8 +13,8 @@ import pytest
 
 from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError
-from gptedge.runtime.graph_check import manifest_from_hf_dir
-from gptedge.runtime.manifest import (FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelShape, Quantization,
+from gptedge.runtime.checks.graph_check import manifest_from_hf_dir
+from gptedge.runtime.modeldir.manifest import (FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelShape, Quantization,
                                       QuantizedParity, Source, read_manifest, write_manifest)
 
 

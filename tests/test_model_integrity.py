@@ -17,7 +17,8 @@ import pytest
 
 from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError
-from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from gptedge.runtime.modeldir.model_files import FileRecord, check_records, record_problems
 
 from .conftest import ROOT, tiny_reference, write_checkpoint
 
@@ -162,7 +163,7 @@ def test_manifests_are_written_as_format_2_and_format_1_still_reads(dirs, tmp_pa
 
 
 def test_every_recorded_file_is_hashed(dirs):
-    from gptedge.runtime.model_files import sha256_file
+    from gptedge.runtime.modeldir.model_files import sha256_file
 
     m = read_manifest(dirs["external"])
     assert [r.path for r in m.files] == ["model.onnx", "model.onnx.data", "tokenizer.json"]
@@ -175,10 +176,27 @@ def test_every_recorded_file_is_hashed(dirs):
 def test_an_old_manifest_loads_with_a_warning(dirs, tmp_path, caplog):
     d = copy(dirs, "fp32", tmp_path)
     edit(d, no_records)
-    with caplog.at_level(logging.WARNING, logger="gptedge.runtime.integrity"):
+    with caplog.at_level(logging.WARNING, logger="gptedge.runtime.checks.integrity"):
         model = load(d, device="cpu")
     assert "records no file sizes or hashes" in caplog.text
     assert len(model.generate("Hello", max_new_tokens=3).ids) == 3
+
+
+def test_file_records_list_every_problem_and_load_raises_the_first(tmp_path):
+    """One pass over the records for both sides: verify lists every line, load's check_records raises the first."""
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    (tmp_path / "ok.bin").write_bytes(b"ab")
+    records = (FileRecord("ok.bin", 2, "0" * 64), FileRecord("a.bin", 4, "0" * 64), FileRecord("gone.bin", 2, "0" * 64),
+               FileRecord("../up.bin", 1, "0" * 64))
+    problems = record_problems(tmp_path, records)
+    assert problems == ["a.bin is 3 bytes, gptedge.json records 4 (the file changed after gptedge wrote it)",
+                        "gone.bin is missing (gptedge.json records 2 bytes)",
+                        "file '../up.bin' is not a plain path inside the model directory (absolute, or with '..'): "
+                        "refused"]
+    with pytest.raises(ModelDirError) as caught:
+        check_records(tmp_path, records)
+    assert str(caught.value) == f"{tmp_path}: {problems[0]}"
+    assert record_problems(tmp_path, records[:1]) == [] and check_records(tmp_path, records[:1]) is None
 
 
 def verify(d: Path, *args: str):
@@ -234,8 +252,8 @@ def test_verify_repeats_the_recorded_parity_run(dirs, tmp_path):
 
 
 def test_fingerprint_comparison_tolerates_near_ties_only():
-    from gptedge.runtime.fingerprint import fingerprint_problems
-    from gptedge.runtime.manifest import Fingerprint
+    from gptedge.runtime.checks.fingerprint import fingerprint_problems
+    from gptedge.runtime.modeldir.manifest import Fingerprint
 
     recorded = Fingerprint((1, 2), (5, 6, 7), (3.0, 2.0, 1.0), (0.5, 1e-4, 0.5))
     same = Fingerprint((1, 2), (5, 6, 7), (3.0005, 2.0, 1.0), (0.5, 1e-4, 0.5))

@@ -15,8 +15,8 @@ import onnx
 import pytest
 
 from gptedge.pack.web import WebPackError, write_web_model
-from gptedge.runtime.manifest import read_manifest
-from gptedge.runtime.web_ready import web_readiness
+from gptedge.runtime.modeldir.manifest import read_manifest
+from gptedge.runtime.modeldir.web_ready import web_readiness
 
 EXPECTED = {"fp32": "onnx/model.onnx", "dynamic": "onnx/model_quantized.onnx", "w8": "onnx/model_int8.onnx",
             "w4": "onnx/model_q4.onnx"}

@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"gptedge": "gptedge", "gptedge.export": "export", "gptedge.runtime": "runtime",
+           "gptedge.quantize": "quantize"}
+
+
+def source_modules() -> set[str]:
+    """Every module of the source as its path inside the wheel (the folder export/ is gptedge/export/ there)."""
+    out = set()
+    for package, folder in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder)
+            if package == "gptedge" and rel.parts[0] in ("export", "runtime", "quantize"):
+                continue
+            out.add("/".join((*package.split("."), *rel.parts)))
+    return out
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    """[tool.setuptools] packages is an explicit list: a new room left out of it would be missing from the wheel."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {name.rpartition("/")[0].replace("/", ".") for name in source_modules() if name.endswith("/__init__.py")}
+    assert folders == listed, f"not listed: {sorted(folders - listed)}; listed, no folder: {sorted(listed - folders)}"
 
 
 @pytest.mark.slow
@@ -26,6 +48,8 @@ def test_wheel_in_fresh_venv(tmp_path, gpt2_model_dir):
     names = zipfile.ZipFile(wheel).namelist()
     assert {f"gptedge/playground/{f}" for f in ("index.html", "playground.js", "package.json")} <= set(names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "license-files"
+    packed = {name for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".py")}
+    assert packed == source_modules(), (sorted(source_modules() - packed), sorted(packed - source_modules()))
     run(sys.executable, "-m", "venv", str(tmp_path / "venv"))
     py = tmp_path / "venv" / "bin" / "python"
     run(str(py), "-m", "pip", "install", "-q", f"{wheel}[cpu]")

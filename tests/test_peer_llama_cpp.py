@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from gptedge.cli import main
-from gptedge.peers.llama_cpp import CONVERTER, SOURCE_ENV, converter_source, unpack_converter, with_n_ctx
-from gptedge.peers.score import open_peers, unavailable
-from gptedge.runtime.compare import compare
+from gptedge.measure.compare import compare
+from gptedge.measure.peers.llama_cpp import CONVERTER, SOURCE_ENV, converter_source, unpack_converter, with_n_ctx
+from gptedge.measure.peers.score import open_peers, unavailable
 from gptedge.runtime.errors import PeerError
 
 from .conftest import EXCERPT, ROOT, tiny_reference, write_checkpoint

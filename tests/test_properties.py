@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gptedge.runtime.errors import InvalidArgumentError
-from gptedge.runtime.sampling import SamplingParams, select_token, softmax, top_k_filter, top_p_filter
-from gptedge.runtime.text_stream import TextStream
-from gptedge.runtime.tokenizer import decode, encode, load_tokenizer
+from gptedge.runtime.generation.sampling import SamplingParams, select_token, softmax, top_k_filter, top_p_filter
+from gptedge.runtime.generation.text_stream import TextStream
+from gptedge.runtime.modeldir.tokenizer import decode, encode, load_tokenizer
 
 from .conftest import ROOT
 
@@ -83,12 +83,12 @@ def test_select_token_stays_in_the_filtered_set_and_is_reproducible(logits, k, p
     token = pick()
     assert 0 <= token < len(logits) and token == pick()
     if params.is_greedy:
-        from gptedge.runtime.sampling import apply_repetition_penalty
+        from gptedge.runtime.generation.sampling import apply_repetition_penalty
 
         adjusted = apply_repetition_penalty(logits.astype(np.float32).astype(np.float64), seen, penalty)
         assert adjusted[token] == adjusted.max()
     elif k:
-        from gptedge.runtime.sampling import apply_repetition_penalty
+        from gptedge.runtime.generation.sampling import apply_repetition_penalty
 
         adjusted = apply_repetition_penalty(logits.astype(np.float32).astype(np.float64), seen, penalty)
         assert adjusted[token] >= np.sort(adjusted)[-min(k, len(logits))]

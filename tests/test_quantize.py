@@ -133,7 +133,7 @@ def test_reduced_range_weights_stay_within_7_bits(quantized_dirs, gpt2_model_dir
 
 def _batched_vs_solo(model, prompts):
     """-> (max |logit diff| between a row prefilled in a left-padded batch and alone, rows whose greedy ids agree)."""
-    from gptedge.runtime.generation import left_pad, prefill
+    from gptedge.runtime.generation.generation import left_pad, prefill
 
     def last(batch):
         ids, mask = left_pad(batch, 0)

@@ -144,7 +144,7 @@ def test_errors_models_and_health_are_gptedge_serve_s(main_app, solo):
     """The same requests to gptedge serve's app in-process and through Ray's proxy: same status, JSON, headers."""
     from starlette.testclient import TestClient
 
-    from gptedge.runtime.engine import Engine
+    from gptedge.runtime.serving.engine import Engine
     from gptedge.serve.app import ServeState, create_app
 
     auth = {"Authorization": f"Bearer {KEY}"}

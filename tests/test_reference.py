@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from gptedge.export.checkpoint import load_checkpoint, load_state
-from gptedge.export.families import family
-from gptedge.runtime.generation import positions
+from gptedge.export.families import family, hf_config, read_hf_config
+from gptedge.export.reference import reference_positions
+from gptedge.runtime.generation.generation import positions
 
 from .conftest import tiny_reference
 
@@ -19,9 +20,9 @@ TOL = 1e-5
 def hf_model(arch: str, reference):
     """A transformers model holding the reference's weights (through the family's weight-name table)."""
     if arch == "gpt2":
-        cls, cfg = transformers.GPT2LMHeadModel, transformers.GPT2Config(**reference.cfg.to_hf())
+        cls, cfg = transformers.GPT2LMHeadModel, transformers.GPT2Config(**hf_config(reference.cfg))
     else:
-        cls, cfg = transformers.OpenAIGPTLMHeadModel, transformers.OpenAIGPTConfig(**reference.cfg.to_hf())
+        cls, cfg = transformers.OpenAIGPTLMHeadModel, transformers.OpenAIGPTConfig(**hf_config(reference.cfg))
     model = cls(cfg).eval()
     state = {family(arch).hf_name(k): v for k, v in reference.state_dict().items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -56,6 +57,15 @@ def test_rung1_left_padded_batch_matches_transformers():
     assert (want[valid] - got[valid]).abs().max().item() <= TOL
 
 
+def test_reference_positions_are_the_runtimes():
+    """The oracle's own position rule equals the runtime's (generation.positions) on left-padded rows."""
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1, 0]])
+    got = reference_positions(mask)
+    assert got.dtype == torch.long
+    assert got.tolist() == positions(mask.numpy()).tolist() == [[0, 0, 0, 0, 1, 2], [0, 1, 2, 3, 4, 5],
+                                                                [0, 0, 0, 1, 2, 2]]
+
+
 def test_left_padding_leaves_the_valid_positions_unchanged():
     """The reference's default position ids: a left-padded row gives the logits of the same row unpadded."""
     ref = tiny_reference("gpt2", seed=4)
@@ -85,7 +95,7 @@ def test_config_json_round_trips_through_the_family(arch):
     from gptedge.export.config import GPTConfig
 
     cfg = tiny_reference(arch, n_inner=48 if arch == "gpt2" else None).cfg
-    assert GPTConfig.from_hf(cfg.to_hf()) == cfg
+    assert read_hf_config(hf_config(cfg)) == cfg
 
 
 def test_unknown_family_and_unsupported_fields_are_named():
@@ -93,13 +103,13 @@ def test_unknown_family_and_unsupported_fields_are_named():
     from gptedge.runtime.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="model_type 'llama' is not supported"):
-        GPTConfig.from_hf({"model_type": "llama"})
+        read_hf_config({"model_type": "llama"})
     with pytest.raises(CheckpointError, match="arch 'llama'"):
         GPTConfig(arch="llama")
     with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx=True"):
-        GPTConfig.from_hf({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True})
+        read_hf_config({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True})
     with pytest.raises(CheckpointError, match="no exact-erf GELU"):
-        GPTConfig(arch="openai-gpt", activation="gelu_erf").to_hf()
+        hf_config(GPTConfig(arch="openai-gpt", activation="gelu_erf"))
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
@@ -132,7 +142,7 @@ def test_half_precision_checkpoints_load_as_fp32(tmp_path, dtype):
 
 def test_pytorch_model_bin_loads(tmp_path):
     ref = tiny_reference("openai-gpt", seed=7)
-    (tmp_path / "config.json").write_text(__import__("json").dumps(ref.cfg.to_hf()))
+    (tmp_path / "config.json").write_text(__import__("json").dumps(hf_config(ref.cfg)))
     torch.save({family("openai-gpt").hf_name(k): v for k, v in ref.state_dict().items()}, tmp_path / "pytorch_model.bin")
     loaded, cfg = load_checkpoint(tmp_path)
     assert cfg == ref.cfg

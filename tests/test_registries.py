@@ -1,7 +1,7 @@
 """A new family, quantization method, graph variant or peer engine is one module plus one line.
 
 The module is tests/toy_members.py; the line is each test's `register` (what a line in runtime/registry.py
-or gptedge/peers/__init__.py does). Registered, the toy is a CLI choice, passes the manifest check, runs,
+or gptedge/measure/peers/__init__.py does). Registered, the toy is a CLI choice, passes the manifest check, runs,
 and `gptedge info` lists it; unregistered, the same command line or manifest is refused in one line.
 """
 
@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from gptedge.cli import main
-from gptedge.peers import PEERS, PeerEntry
+from gptedge.measure.peers import PEERS, PeerEntry
 from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError
-from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 from gptedge.runtime.registry import (FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS, Entry, FamilyEntry, GraphEntry,
                                       MethodEntry, Registry)
 

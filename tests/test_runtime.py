@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.text_stream import TextStream
-from gptedge.runtime.tokenizer import encode
+from gptedge.runtime.generation.text_stream import TextStream
+from gptedge.runtime.modeldir.tokenizer import encode
 
 
 def test_stop_at_max_new_tokens_and_seeded_sampling(gpt2_loaded):
@@ -118,7 +118,7 @@ def test_chunked_prefill_equals_one_run(gpt2_loaded, gpt2_kv_buffer_loaded, grap
     """A prompt prefilled a few positions per run gives the logits and tokens of one run over it all."""
     import numpy as np
 
-    from gptedge.runtime.generation import left_pad, prefill
+    from gptedge.runtime.generation.generation import left_pad, prefill
 
     model = gpt2_loaded if graph == "standard" else gpt2_kv_buffer_loaded
     # GroupQueryAttention (kv_buffer) chunks batch 1 only; the standard graph a left-padded batch
@@ -152,7 +152,7 @@ def test_python_api_refuses_wrong_types_and_ids_in_one_line(gpt2_loaded):
 
 
 def test_sampling_params_passed_whole_or_as_fields(gpt2_loaded):
-    from gptedge.runtime.sampling import SamplingParams
+    from gptedge.runtime.generation.sampling import SamplingParams
 
     params = SamplingParams(top_k=20, temperature=0.8, seed=5)
     whole = gpt2_loaded.generate("Hello", 10, sampling=params)

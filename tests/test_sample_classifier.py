@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from gptedge import runtime
 from gptedge.cli import main
-from gptedge.runtime.tasks import read_jsonl
+from gptedge.runtime.modeldir.tasks import read_jsonl
 
 from .conftest import ROOT
 

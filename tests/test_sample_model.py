@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from gptedge.cli import main
 from gptedge.export.checkpoint import load_checkpoint
 from gptedge.export.exporter import export_checkpoint
+from gptedge.measure.compare import compare
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
-from gptedge.runtime.compare import compare
-from gptedge.runtime.evaluate import perplexity
+from gptedge.runtime.generation.evaluate import perplexity
 
 from .conftest import EXCERPT, ROOT, reference_perplexity
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gptedge.runtime.errors import InvalidArgumentError
-from gptedge.runtime.sampling import (SamplingParams, apply_repetition_penalty, select_token, top_k_filter,
+from gptedge.runtime.generation.sampling import (SamplingParams, apply_repetition_penalty, select_token, top_k_filter,
                                       top_p_filter)
 
 LOGITS = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float64)
@@ -66,7 +66,7 @@ def test_booleans_are_not_numbers():
     import pytest
 
     from gptedge.runtime.errors import InvalidArgumentError
-    from gptedge.runtime.sampling import SamplingParams
+    from gptedge.runtime.generation.sampling import SamplingParams
 
     for field in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
         with pytest.raises(InvalidArgumentError, match=f"{field} must be a number, got True"):

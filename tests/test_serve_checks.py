@@ -4,6 +4,7 @@ its status, code and headers. tests/test_serve.py runs the same server as a proc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -14,7 +15,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
-from gptedge.runtime.engine import Engine  # noqa: E402
+from gptedge.runtime.serving.engine import Engine  # noqa: E402
 from gptedge.serve.app import RETRY_AFTER_S, ServeState, create_app  # noqa: E402
 
 KEY = "secret-key"
@@ -117,6 +118,29 @@ def test_logprobs_zero_reports_the_token_and_no_alternatives(app, gpt2_loaded):
     want = model_logprobs(gpt2_loaded, prompt, generated)
     np.testing.assert_allclose(lp["token_logprobs"], want.max(axis=-1), atol=1e-4)
     assert lp["top_logprobs"] == [{}, {}, {}]
+
+
+def test_the_prompt_is_encoded_and_echoed_off_the_event_loop(app, gpt2_loaded, monkeypatch):
+    """Tokenizer work (encode, and the echo's decode) runs in a worker thread, never on the event loop, where a long
+    prompt would stall every other stream."""
+    _, client = app
+    on_loop = []
+
+    def recording(method):
+        def call(*args, **kw):
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(method.__name__)
+            except RuntimeError:  # no loop runs in this thread: a worker
+                on_loop.append(None)
+            return method(*args, **kw)
+        return call
+
+    for name in ("encode", "decode"):
+        monkeypatch.setattr(gpt2_loaded, name, recording(getattr(gpt2_loaded, name)))
+    body = {"prompt": "The quick brown fox", "max_tokens": 2, "temperature": 0, "echo": True}
+    assert post(client, body).json()["choices"][0]["text"].startswith("The quick brown fox")
+    assert on_loop == [None, None]  # one encode, one decode, both in a worker
 
 
 def test_stop_strings_finish_reasons_usage_and_echo(app, gpt2_loaded):

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gptedge.runtime.classify import Classification
-from gptedge.serve.classify_batcher import BatcherQueueFull, BatcherStopped, ClassifyBatcher, ClassifyJob
+from gptedge.runtime.serving.classify_batcher import BatcherQueueFull, BatcherStopped, ClassifyBatcher, ClassifyJob
 
 from .test_serve import start_server, stop_server
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gptedge.runtime.manifest import Manifest, ModelShape, Quantization, Source
+from gptedge.runtime.modeldir.manifest import Manifest, ModelShape, Quantization, Source
 
 from .conftest import ROOT
 

@@ -14,7 +14,7 @@ pytest.importorskip("httpx")
 from starlette.applications import Starlette  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
-from gptedge.runtime.manifest import read_manifest  # noqa: E402
+from gptedge.runtime.modeldir.manifest import read_manifest  # noqa: E402
 from gptedge.serve.playground import Playground, playground_routes, web_model  # noqa: E402
 
 from .web_clients import need_node  # noqa: E402

@@ -13,6 +13,7 @@ import pytest
 
 from gptedge.runtime import load, load_classifier
 from gptedge.runtime.errors import CheckpointError, ModelDirError
+from gptedge.runtime.modeldir.tasks import article
 
 from .task_checkpoints import EXPORTS, HEADS, LABELS, hf_model, make_checkpoint
 
@@ -67,6 +68,12 @@ def hf_choice_logits(model, choices: list[list[int]]) -> np.ndarray:
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())
     return e / e.sum()
+
+
+def test_the_article_of_a_task_name_is_the_one_the_server_and_load_say():
+    """One rule for 'a' / 'an' (load's refusal, web_ready's, the server's wrong-endpoint 400): by the first letter."""
+    assert [article(w) for w in ("entailment", "similarity", "Entailment", "multiple-choice", "")] == [
+        "an", "a", "an", "a", "a"]
 
 
 @pytest.mark.parametrize("head", list(HEADS))

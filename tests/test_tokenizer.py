@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gptedge.export.tokenizer_files import byte_level_bpe, write_tokenizer
-from gptedge.runtime.tokenizer import decode, encode, load_tokenizer
+from gptedge.runtime.modeldir.tokenizer import decode, encode, load_tokenizer
 
 from .conftest import GPT2_TOKENIZER, copy_gpt2_tokenizer
 

@@ -13,7 +13,7 @@ import pytest
 from gptedge.export.validate import (GRAPH_TOLERANCE, compare_graph_outputs, compare_greedy_ids, graph_steps,
                                      greedy_prompts, reference_outputs)
 from gptedge.runtime.errors import ParityError
-from gptedge.runtime.manifest import GraphParity, GreedyParity
+from gptedge.runtime.modeldir.manifest import GraphParity, GreedyParity
 
 from .conftest import tiny_config, tiny_reference
 

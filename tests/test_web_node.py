@@ -1,6 +1,6 @@
 """Real JavaScript clients of a web pack, in Node: transformers.js (through the playground's own module, as the page
 calls it) gives gptedge's greedy ids for every web recipe; onnxruntime-web's WASM backend creates a session for
-every graph kind gptedge writes (the claim behind runtime/web_ready.py's WASM_CONTRIB_OPS)."""
+every graph kind gptedge writes (the claim behind runtime/modeldir/web_ready.py's WASM_CONTRIB_OPS)."""
 
 from __future__ import annotations
 

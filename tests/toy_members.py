@@ -17,10 +17,10 @@ import torch
 from gptedge.export import gpt2
 from gptedge.export.checkpoint import load_checkpoint
 from gptedge.export.reference import greedy_ids
-from gptedge.peers.base import BenchJob, Greedy, PeerEngine, PeerInfo, PlannedRow, ScoreJob, timed_greedy
+from gptedge.measure.bench import BenchRow, bench_gptedge
+from gptedge.measure.peers.base import BenchJob, Greedy, PeerEngine, PeerInfo, PlannedRow, ScoreJob, timed_greedy
 from gptedge.quantize import dynamic
-from gptedge.runtime.bench import BenchRow, bench_gptedge
-from gptedge.runtime.standard_graph import StandardGraph
+from gptedge.runtime.graphs.standard_graph import StandardGraph
 
 TOY_ARCH, TOY_METHOD, TOY_GRAPH, TOY_PEER = "toy-gpt", "toy-int8", "toy_standard", "toy"
 

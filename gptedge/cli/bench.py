@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from gptedge.peers import PEERS, bench_names
-from gptedge.runtime.manifest import read_manifest
+from gptedge.measure.peers import PEERS, bench_names
+from gptedge.runtime.modeldir.manifest import read_manifest
 
 from .group import command
 from .options import CommaChoice, count, device_option, peer_source, threads_option
@@ -34,8 +34,8 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
           repeat: int, peers: list[str], source: str | None, device: str, as_json: bool) -> None:
     """Decode speed of MODELS (and peers) side by side: load time, first token, tok/s, peak RSS."""
     # deferred: numpy (and the peers' packages), not needed at --help
-    from gptedge.peers.bench import bench_peers
-    from gptedge.runtime.bench import bench_gptedge, bench_prompts
+    from gptedge.measure.bench import bench_gptedge, bench_prompts
+    from gptedge.measure.peers.bench import bench_peers
 
     shape = read_manifest(models[0]).shape
     if context is not None:

@@ -9,7 +9,7 @@ import time
 import click
 
 from gptedge import runtime
-from gptedge.runtime.tasks import read_jsonl
+from gptedge.runtime.modeldir.tasks import read_jsonl
 
 from .group import command
 from .options import count, device_option, diag, read_text, threads_option, utf8_text

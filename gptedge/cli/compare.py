@@ -11,10 +11,10 @@ import click
 
 from gptedge import runtime
 from gptedge.atomic import atomic_output_file, check_output_file
-from gptedge.peers import compare_names
-from gptedge.peers import score as peer_score
+from gptedge.measure.peers import compare_names
+from gptedge.measure.peers import score as peer_score
 from gptedge.runtime.errors import ModelDirError
-from gptedge.runtime.plot import plot_compare
+from gptedge.measure.plot import plot_compare
 
 from .compare_labelled import any_classifier, check_options, compare_labelled
 from .group import command
@@ -61,8 +61,8 @@ def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: st
 
     Classifier dirs (export --task, and quantize of one) are compared on --labelled FILE.jsonl instead: accuracy,
     agreement and KL with REF over the labels, per-label confusion, size, examples/s at batch 1 and 32."""
-    from gptedge.runtime.compare import check_comparable, markdown_table  # deferred: numpy, not needed at --help
-    from gptedge.runtime.compare import compare as run_compare
+    from gptedge.measure.compare import check_comparable, markdown_table  # deferred: numpy, not needed at --help
+    from gptedge.measure.compare import compare as run_compare
 
     if any_classifier((ref, *models)):
         check_options(ctx, text_file)

@@ -1,4 +1,4 @@
-"""`gptedge compare ... --labelled FILE.jsonl`: classifier dirs on a labelled set (runtime/classify_compare.py
+"""`gptedge compare ... --labelled FILE.jsonl`: classifier dirs on a labelled set (gptedge/measure/classify_compare.py
 measures; this formats): one table, then each dir's confusion matrix."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def compact_report(rows, labelled_name: str, repeats: int) -> str:
 def compare_labelled(dirs: tuple[str, ...], labelled_file: str, repeats: int, device: str, threads: int,
                      as_json: bool, markdown: str | None, inputs: tuple) -> None:
     """Everything is checked (kinds, tasks, label sets, every labelled line) before a model is loaded."""
-    from gptedge.runtime.classify_compare import check_classifier_dirs, compare_classifiers, read_labelled
+    from gptedge.measure.classify_compare import check_classifier_dirs, compare_classifiers, read_labelled
 
     task = check_classifier_dirs([(d, runtime.read_manifest(d)) for d in dirs])
     labelled = read_labelled(task, read_text(labelled_file), labelled_file)

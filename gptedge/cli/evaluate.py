@@ -23,7 +23,7 @@ from .options import count, device_option, progress, read_text, threads_option
 @click.option("--json", "as_json", is_flag=True)
 def eval_(model: str, text_file: str, stride: int | None, device: str, threads: int, as_json: bool) -> None:
     """Perplexity of MODEL over the whole of a text file."""
-    from gptedge.runtime.evaluate import perplexity  # deferred: numpy, not needed at --help
+    from gptedge.runtime.generation.evaluate import perplexity  # deferred: numpy, not needed at --help
 
     text = read_text(text_file)
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads))

@@ -6,7 +6,7 @@ import click
 
 from gptedge.atomic import check_output, scratch_dir
 from gptedge.runtime.contract import GRAPH_STANDARD
-from gptedge.runtime.recipe import QuantizeRecipe
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 from gptedge.runtime.registry import GRAPH_VARIANTS, TASKS
 
 from .group import command

@@ -7,7 +7,7 @@ import json
 import click
 
 from gptedge import runtime
-from gptedge.runtime.generation_options import BeamOptions, SamplingParams
+from gptedge.runtime.generation.generation_options import BeamOptions, SamplingParams
 from gptedge.sample import sample_model_dir
 
 from .group import command

@@ -7,12 +7,12 @@ import json
 
 import click
 
-from gptedge.peers import bench_names, compare_names
+from gptedge.measure.peers import bench_names, compare_names
 from gptedge import runtime
-from gptedge.runtime.genai_config import genai_readiness
+from gptedge.runtime.modeldir.genai_config import genai_readiness
 from gptedge.runtime.registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
-from gptedge.runtime.session import available_providers, provider_report
-from gptedge.runtime.web_ready import web_readiness
+from gptedge.runtime.graphs.session import available_providers, provider_report
+from gptedge.runtime.modeldir.web_ready import web_readiness
 
 from .group import command
 from .options import device_option

@@ -26,9 +26,9 @@ from pathlib import Path
 import click
 
 from gptedge.runtime.errors import missing_extra
-from gptedge.runtime.manifest import read_manifest
+from gptedge.runtime.modeldir.manifest import read_manifest
 from gptedge.runtime.registry import Registry
-from gptedge.runtime.session import DEVICES, MAX_THREADS
+from gptedge.runtime.graphs.session import DEVICES, MAX_THREADS
 
 
 def default_threads() -> int:

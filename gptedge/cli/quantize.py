@@ -1,6 +1,6 @@
 """`gptedge quantize`: an INT8 (weight-only INT4, or fp16) variant of an fp32 model dir.
 
-The options make one QuantizeRecipe (runtime/recipe.py), the record the manifest keeps: the recipe's own
+The options make one QuantizeRecipe (runtime/modeldir/recipe.py), the record the manifest keeps: the recipe's own
 checks refuse what a method cannot store; what is left here is about the command line itself (an option
 given to a method whose registry line says it takes none, a calibration file for a method that needs one).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import click
 
 from gptedge.atomic import check_output
-from gptedge.runtime.kv_cache import DEFAULT_KV_CACHE, KV_CACHES
-from gptedge.runtime.recipe import ACTIVATION_SCALES, QuantizeRecipe
+from gptedge.runtime.modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES
+from gptedge.runtime.modeldir.recipe import ACTIVATION_SCALES, QuantizeRecipe
 from gptedge.runtime.registry import QUANTIZATION_METHODS
 
 from .group import command

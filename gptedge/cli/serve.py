@@ -26,10 +26,10 @@ from pathlib import Path
 import click
 
 from gptedge import runtime
-from gptedge.runtime.manifest import MANIFEST_NAME
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
 from gptedge.sample import sample_model_dir
 
-from gptedge.serve.classify_batcher import ClassifyBatcher  # threading only: light at --help
+from gptedge.runtime.serving.classify_batcher import ClassifyBatcher  # threading only: light at --help
 from gptedge.serve.options import (MAX_BATCH, MAX_PREFILL_BUDGET, MAX_QUEUE, PREFILL_BUDGET, Seconds, classify_options,
                                    limit_options)
 from gptedge.serve.options import api_key as api_key_check
@@ -165,7 +165,7 @@ def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
          limits) -> None:
     """Listen, start the engine, and serve until a signal stops it."""
-    from gptedge.runtime.engine import Engine  # deferred: numpy, not needed at --help
+    from gptedge.runtime.serving.engine import Engine  # deferred: numpy, not needed at --help
 
     sock = _listen(host, port)
     engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget).start()

@@ -32,9 +32,9 @@ from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, conv
 from gptedge import __version__
 from gptedge.onnx_files import external_data_path
 from gptedge.runtime.errors import GptEdgeError
-from gptedge.runtime.genai_config import GENAI_CONFIG, GENERATION_CONFIG, TOKENIZER_CONFIG
-from gptedge.runtime.manifest import MANIFEST_NAME, read_manifest, write_json, write_manifest
-from gptedge.runtime.tokenizer import TOKENIZER_FILE
+from gptedge.runtime.modeldir.genai_config import GENAI_CONFIG, GENERATION_CONFIG, TOKENIZER_CONFIG
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest, write_json, write_manifest
+from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 
 from .web import PACK_FORMAT, PACK_MANIFEST
 

@@ -1,6 +1,6 @@
 """`gptedge pack --target web`: model dirs -> the folder transformers.js loads as a text-generation model.
 
-Layout (transformers.js' own, as on the Hugging Face Hub; one graph per dtype, see runtime/web_ready.py):
+Layout (transformers.js' own, as on the Hugging Face Hub; one graph per dtype, see runtime/modeldir/web_ready.py):
 
     config.json                  the source's, plus "transformers.js_config" (default dtype, external data)
     generation_config.json       eos / bos / pad ids
@@ -30,10 +30,10 @@ from gptedge import __version__
 from gptedge.atomic import PACK_MANIFEST
 from gptedge.onnx_files import external_data_path
 from gptedge.runtime.errors import GptEdgeError
-from gptedge.runtime.genai_config import GENERATION_CONFIG, TOKENIZER_CONFIG
-from gptedge.runtime.manifest import Manifest, read_manifest, write_json
-from gptedge.runtime.tokenizer import TOKENIZER_FILE
-from gptedge.runtime.web_ready import WASM_CONTRIB_OPS, recipe_dtype, web_readiness
+from gptedge.runtime.modeldir.genai_config import GENERATION_CONFIG, TOKENIZER_CONFIG
+from gptedge.runtime.modeldir.manifest import Manifest, read_manifest, write_json
+from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
+from gptedge.runtime.modeldir.web_ready import WASM_CONTRIB_OPS, recipe_dtype, web_readiness
 
 PACK_FORMAT = 1
 CONTRIB_DOMAIN = "com.microsoft"

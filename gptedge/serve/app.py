@@ -27,10 +27,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gptedge.runtime.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
+from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
                                     TokenEvent)
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.generation import check_prompts
+from gptedge.runtime.generation.generation import check_prompts
 
 from .classify_app import ClassifyApi
 from .classify_schema import generation_card
@@ -164,7 +164,9 @@ class Api(Routes):
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
 
-    def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
+    def prompt_ids(self, params: CompletionParams) -> tuple[list[list[int]], list[str]]:
+        """-> (each prompt's ids, each prompt's echoed text: '' without echo). Tokenizer work only, so it runs off
+        the event loop: the echo's decode as much as the prompt's encode."""
         ids = [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
         try:
             check_prompts(ids, params.max_tokens, self.context, self.model.manifest.shape.vocab_size)
@@ -172,7 +174,7 @@ class Api(Routes):
             raise ApiError(400, f"{e}; shorten the prompt", param="prompt", code="context_length_exceeded") from None
         except InvalidArgumentError as e:
             raise ApiError(400, str(e), param="prompt") from None
-        return ids
+        return ids, [self.model.decode(p) if params.echo else "" for p in ids]
 
     def submit(self, params: CompletionParams, ids: list[list[int]]) -> Job:
         if self.state.stopping:
@@ -200,9 +202,8 @@ class Api(Routes):
         del body
         self.check_model(params.model)
         check_prompt_bytes(params.prompts, self.max_prompt_bytes)
-        ids = await run_in_threadpool(self.prompt_ids, params)  # tokenizing: off the event loop
-        choices = [ChoiceState(self.model.decode(p) if params.echo else "",
-                               Logprobs() if params.logprobs is not None else None) for p in ids]
+        ids, echoes = await run_in_threadpool(self.prompt_ids, params)  # tokenizer work: off the event loop
+        choices = [ChoiceState(echo, Logprobs() if params.logprobs is not None else None) for echo in echoes]
         job = self.submit(params, ids)
         out = Completion(self.state.name)
         if params.stream:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptedge.runtime.tasks import COMBINE_CHOICES, Task
+from gptedge.runtime.modeldir.tasks import COMBINE_CHOICES, Task
 
 from .openai_schema import ApiError, bad, check_body_fields
 

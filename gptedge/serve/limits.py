@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -168,10 +167,3 @@ def check_prompt_bytes(prompts, limit: int) -> None:
         if isinstance(p, str) and (size := len(p.encode("utf-8"))) > limit:  # check_unicode ran: it encodes
             raise ApiError(400, f"the prompt is {size:,} bytes; no text over {limit:,} bytes fits the model's "
                                 "context; shorten the prompt", param="prompt", code="context_length_exceeded")
-
-
-def finite_seconds(value: float, what: str, low: float, high: float) -> float:
-    """A number of seconds in low..high (not NaN, not infinite) -> it; ValueError naming the range."""
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
-        raise ValueError(f"{what} must be a number of seconds in {low:g}..{high:g}, got {value!r}")
-    return float(value)

@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from gptedge.runtime.sampling import SamplingParams
+from gptedge.runtime.generation.sampling import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI allows 5; vLLM 20)

@@ -90,8 +90,8 @@ def limit_options(fn):
 
 
 def classify_options(fn):
-    """A classifier dir's batching (gptedge.serve.classify_batcher) and per-request limit; unused for a language
-    model."""
+    """A classifier dir's batching (gptedge.runtime.serving.classify_batcher) and per-request limit; unused for a
+    language model."""
     for opt in reversed([
         click.option("--max-rows", default=32, show_default=True, type=click.IntRange(1, MAX_ROWS),
                      help="Classifier dirs: token rows per ONNX Runtime run; concurrent requests share a run."),

@@ -32,8 +32,8 @@ from gptedge.atomic import PACK_MANIFEST
 from gptedge.pack.page import page_settings
 from gptedge.pack.js_deps import PLAYGROUND_DIR, WebDepsMissing, node_modules, vendor_path
 from gptedge.runtime.errors import GptEdgeError
-from gptedge.runtime.manifest import Manifest
-from gptedge.runtime.web_ready import web_readiness
+from gptedge.runtime.modeldir.manifest import Manifest
+from gptedge.runtime.modeldir.web_ready import web_readiness
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import ray
 from ray import serve
 
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.engine import Engine
+from gptedge.runtime.serving.engine import Engine
 
 from .app import ServeState, create_app
 

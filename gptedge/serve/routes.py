@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from gptedge.runtime.engine import Engine
 from gptedge.runtime.model import LoadedModel
+from gptedge.runtime.modeldir.tasks import article
+from gptedge.runtime.serving.engine import Engine
 
 from .classify_schema import CLASSIFICATION
 from .limits import CLOSE, DROP_REASONS, Limits
@@ -67,7 +68,7 @@ class Routes:
         """The 400 of the other kind's endpoint: it names this model's task and the endpoint to use."""
         card = self.card()
         name = card.get("task_name", "")
-        what = (f"{'an' if name[:1] in tuple('aeiou') else 'a'} {name} classifier" if card["task"] == CLASSIFICATION
+        what = (f"{article(name)} {name} classifier" if card["task"] == CLASSIFICATION
                 else "a language model (text-generation)")
         return ApiError(400, f"{request.url.path} does not serve this model: '{self.state.name}' is {what}; "
                              f"send its requests to POST {card['endpoint']} (see GET /v1/models)",

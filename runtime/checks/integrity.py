@@ -1,0 +1,86 @@
+"""What load() checks of a model dir before it hands out a model, in the order it can: paths and sizes
+(before ONNX Runtime reads anything), hashes (in a thread while the session builds), claims (once the
+graph's facts and the tokenizer are read). The first problem raises ModelDirError in one line naming the
+dir, how many more there are, and `gptedge verify`, which lists them all (verify.py).
+
+Old manifests (no `files`: written before gptedge recorded sizes and hashes) still load, with one
+warning per dir and process; verify reports them as unverifiable.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..errors import ModelDirError
+from ..graphs.session import SessionConfig, make_session
+from ..modeldir.manifest import MANIFEST_NAME, Manifest
+from ..modeldir.model_files import HashCheck, check_records, confined
+from ..modeldir.onnx_wire import is_ort_format, read_graph_facts
+from ..modeldir.tokenizer import TOKENIZER_FILE, load_tokenizer
+from .model_claims import claim_problems
+
+log = logging.getLogger(__name__)
+
+_warned: set[Path] = set()
+
+
+def raise_first(model_dir: Path, problems: list[str]) -> None:
+    if not problems:
+        return
+    more = (f" (and {len(problems) - 1} more: gptedge verify {model_dir} lists them)" if len(problems) > 1 else "")
+    raise ModelDirError(f"{model_dir}: {problems[0]}{more}")
+
+
+def model_path(model_dir: Path, manifest: Manifest) -> Path:
+    """The graph the manifest names, confined to the dir; one line when it is missing."""
+    path = confined(model_dir, manifest.model_file, "model_file")
+    if not path.is_file():
+        raise ModelDirError(f"{model_dir}: no {manifest.model_file}")
+    return path
+
+
+def start_file_checks(model_dir: Path, manifest: Manifest, imported: bool) -> HashCheck:
+    """Paths and sizes now (raises), hashes in a thread (read its problems once the session is built)."""
+    check_records(model_dir, manifest.files)
+    if not manifest.files and not imported:
+        key = model_dir.resolve()
+        if key not in _warned:
+            _warned.add(key)
+            log.warning("%s: its %s records no file sizes or hashes (an older gptedge wrote it), so its files are "
+                        "not checked; export / quantize it again to record them", model_dir, MANIFEST_NAME)
+    return HashCheck(model_dir, manifest.files)
+
+
+def load_dir_tokenizer(model_dir: Path):
+    return load_tokenizer(model_dir) if (model_dir / TOKENIZER_FILE).is_file() else None
+
+
+def graph_facts(graph: Path):
+    """The graph's facts, or None for an ORT-format graph (pack --target mobile): a flatbuffer gptedge does not
+    parse, whose graph claims are then checked by graph_check's probe run only."""
+    return None if is_ort_format(graph) else read_graph_facts(graph)
+
+
+def check_claims(model_dir: Path, manifest: Manifest, graph: Path, tokenizer, imported: bool) -> None:
+    raise_first(model_dir, claim_problems(model_dir, manifest, graph_facts(graph), tokenizer, imported))
+
+
+def open_checked_session(model_dir: Path, manifest: Manifest, imported: bool, device: str,
+                         config: SessionConfig | None):
+    """The dir's graph as an ONNX Runtime session, its files and claims checked -> (session, graph path, tokenizer).
+    Sizes are checked now and hashes while the session builds; a file that changed explains a failed build
+    best, so its problem is raised first."""
+    graph = model_path(model_dir, manifest)  # confined to the dir
+    hashing = start_file_checks(model_dir, manifest, imported)
+    try:
+        session = make_session(str(graph), device=device, config=config or SessionConfig())
+    except Exception as e:
+        raise_first(model_dir, hashing.problems())
+        if type(e).__module__.startswith("gptedge"):
+            raise
+        raise ModelDirError(f"{graph}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:200]})") from None
+    raise_first(model_dir, hashing.problems())
+    tokenizer = load_dir_tokenizer(model_dir)
+    check_claims(model_dir, manifest, graph, tokenizer, imported)
+    return session, graph, tokenizer

@@ -1,0 +1,63 @@
+"""How to generate, as frozen records checked field by field: SamplingParams (each token) and BeamOptions
+(beam search). No numpy: the CLI builds them from its options before anything heavy is imported, and
+passes them whole to the runtime (LoadedModel.generate / stream, the engine's requests)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each token. temperature 0, top_k 1 or greedy=True all mean argmax."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1.0: no nucleus filter
+    repetition_penalty: float = 1.0  # 1.0: off; > 1 discourages tokens already seen (CTRL / HF rule)
+    greedy: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
+            if isinstance(getattr(self, name), bool):  # bool is an int to Python: top_k=True would mean greedy
+                raise InvalidArgumentError(f"{name} must be a number, got {getattr(self, name)!r}")
+        if not isinstance(self.greedy, bool):
+            raise InvalidArgumentError(f"greedy must be true or false, got {self.greedy!r}")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+            raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidArgumentError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.repetition_penalty, (int, float)) and math.isfinite(self.repetition_penalty)
+                and self.repetition_penalty > 0):
+            raise InvalidArgumentError(f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise InvalidArgumentError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class BeamOptions:
+    num_beams: int = 4
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True: stop once num_beams hypotheses are done; "never": exhaustive
+    num_return_sequences: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise InvalidArgumentError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
+        if not isinstance(self.num_return_sequences, int) or not 1 <= self.num_return_sequences <= self.num_beams:
+            raise InvalidArgumentError(f"num_return_sequences must be in 1..num_beams ({self.num_beams}), "
+                                       f"got {self.num_return_sequences!r}")
+        if self.early_stopping not in (True, False, "never"):
+            raise InvalidArgumentError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
+        if not isinstance(self.length_penalty, (int, float)) or not math.isfinite(self.length_penalty):
+            raise InvalidArgumentError(f"length_penalty must be a finite number, got {self.length_penalty!r}")

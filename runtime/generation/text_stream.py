@@ -1,0 +1,69 @@
+"""Incremental detokenization that never emits half a UTF-8 character, nor part of a stop string.
+
+Byte-level BPE can split one character (an emoji, an accented letter) over several tokens;
+decoding the tokens so far then ends in U+FFFD. We hold such a tail back until the next
+token completes it. Likewise a tail that could be the start of a stop string is held back
+until it is known not to be one, so streamed text never has to be taken back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..modeldir.tokenizer import decode
+
+REPLACEMENT = "\ufffd"
+
+
+class TextStream:
+    def __init__(self, tokenizer, stop_strings: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        self.ids: list[int] = []
+        self.emitted = ""  # text already handed out; always a prefix of the final text
+        self.stopped = False  # a stop string has appeared
+        self.final_text: str | None = None
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; return the newly completed text (possibly empty)."""
+        self.ids.append(token_id)
+        text = decode(self.tokenizer, self.ids)
+        cut = self._stop_position(text)
+        if cut is not None:
+            self.stopped = True
+            self.final_text = text[:cut]
+            return self._emit(self.final_text)
+        if text.endswith(REPLACEMENT):  # an incomplete character: wait for its remaining bytes
+            return ""
+        return self._emit(text[: len(text) - self._held_back(text)])
+
+    def flush(self) -> str:
+        """At the end of generation: whatever is left, an incomplete tail included."""
+        if self.final_text is None:
+            self.final_text = decode(self.tokenizer, self.ids)
+        return self._emit(self.final_text)
+
+    @property
+    def text(self) -> str:
+        return self.final_text if self.final_text is not None else decode(self.tokenizer, self.ids)
+
+    def _stop_position(self, text: str) -> int | None:
+        hits = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
+        return min(hits) if hits else None
+
+    def _held_back(self, text: str) -> int:
+        """Length of the longest tail of `text` that is a proper prefix of some stop string."""
+        longest = 0
+        for s in self.stop_strings:
+            for n in range(min(len(s) - 1, len(text)), longest, -1):
+                if text.endswith(s[:n]):
+                    longest = n
+                    break
+        return longest
+
+    def _emit(self, text: str) -> str:
+        if len(text) <= len(self.emitted) or not text.startswith(self.emitted):
+            return ""
+        piece = text[len(self.emitted):]
+        self.emitted = text
+        return piece

@@ -1,0 +1,51 @@
+"""A one-node ONNX graph, logits (B, K, V) -> ArgMax -> token ids (B, K) int64, for picking greedy tokens
+where the logits are (on the GPU), so only the ids cross to the host each step.
+
+The runtime installs no `onnx` package (ONNX Runtime alone), so the few protobuf messages are written
+by hand here; tests/test_fp16.py (test_argmax_graph_is_valid_onnx_and_matches_numpy) parses them with onnx,
+checks them with its checker and runs them against numpy.
+Field numbers are onnx.proto3's.
+"""
+
+from __future__ import annotations
+
+TOKEN_IDS = "token_ids"
+LOGITS = "logits"
+_INT64, _FLOAT, _FLOAT16 = 7, 1, 10  # TensorProto.DataType
+OPSET = 13
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes | str | int) -> bytes:
+    """One protobuf field: an int as a varint (wire type 0), bytes / str length-delimited (wire type 2)."""
+    if isinstance(payload, int):
+        return _varint(number << 3) + _varint(payload)
+    data = payload.encode() if isinstance(payload, str) else payload
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _value_info(name: str, elem_type: int, dims: list[str]) -> bytes:
+    shape = b"".join(_field(1, _field(2, d)) for d in dims)  # TensorShapeProto.dim { dim_param }
+    tensor = _field(1, elem_type) + _field(2, shape)  # TypeProto.Tensor
+    return _field(1, name) + _field(2, _field(1, tensor))  # ValueInfoProto { name, type { tensor_type } }
+
+
+def argmax_model(logits_float16: bool = False) -> bytes:
+    """Serialized ModelProto: ArgMax over the last axis, first index on ties (as numpy's argmax)."""
+    axis = _field(1, "axis") + _field(20, 2) + _field(3, (1 << 64) - 1)  # INT attribute, -1 as two's complement
+    keepdims = _field(1, "keepdims") + _field(20, 2) + _field(3, 0)
+    node = (_field(1, LOGITS) + _field(2, TOKEN_IDS) + _field(3, "argmax") + _field(4, "ArgMax")
+            + _field(5, axis) + _field(5, keepdims))
+    graph = (_field(1, node) + _field(2, "gptedge_argmax")
+             + _field(11, _value_info(LOGITS, _FLOAT16 if logits_float16 else _FLOAT, ["batch", "keep", "vocab"]))
+             + _field(12, _value_info(TOKEN_IDS, _INT64, ["batch", "keep"])))
+    opset = _field(1, "") + _field(2, OPSET)
+    return _field(1, 8) + _field(2, "gptedge") + _field(7, graph) + _field(8, opset)  # ir_version 8

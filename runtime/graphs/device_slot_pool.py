@@ -1,0 +1,132 @@
+"""The continuous batch on a GPU: every sequence owns a slot of one preallocated device cache for its whole life.
+
+Slot s is row s of each layer's keys and values (capacity, nh, context, width) on the device. A sequence's
+positions sit at the start of its row, [0, held_s), so joining, decoding and leaving never move a byte
+between rows: the CPU's SlotPool keeps one shared timeline and copies windows on the host, which on a GPU
+would mean a round trip through the host for every join. This needs the graph to read each row's length from
+its own mask row (manifest wide_mask: export/graph_attention.timeline_lengths).
+
+- prefill: the prompt runs alone (batch 1) over its slot's row, bound by device address; a long prompt in
+  chunks, one per call of the generator, so running rows wait at most one chunk.
+- step: one decode run over all `capacity` rows at once, through a GraphDecoder (runtime/graphs/cuda_graph.py), so
+  on a GPU the step is one replayed CUDA graph whatever the number of sequences. Every row's mask is ones on
+  [0, held_s]: a joined row writes its new token at held_s; a row still prefilling or free writes a throwaway
+  position at held_s, exactly where its own next run writes, so nothing it holds is touched.
+- remove: the slot is free again; nothing is copied or cleared.
+
+Shapes: input_ids / position_ids (capacity, 1), attention_mask (capacity, context), logits (capacity, 1, V).
+On the CPU the same pool runs through one session (tests check it there against the other pools).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .. import contract as C
+from .cuda_graph import GraphDecoder
+from .sequence_pool import Prefill, prefill_runs
+
+
+class DeviceSlotPool:
+    def __init__(self, variant, capacity: int, max_length: int, decoder: GraphDecoder):
+        if max_length > decoder.context or decoder.batch != capacity:
+            raise ValueError(f"a pool of {capacity} x {max_length} needs a decoder of that size")
+        self.variant, self.capacity, self.max_length = variant, capacity, decoder.context
+        self.decoder = decoder
+        decoder.held = 1  # every step is a decode step (GraphDecoder runs prefills through the ordinary session)
+        self._slot: dict[int, int] = {}  # seq -> slot, for joined and prefilling sequences
+        self._joined: set[int] = set()
+        self._free = list(range(capacity - 1, -1, -1))  # popped from the end: lowest slot first
+        self._held = np.zeros(capacity, np.int64)  # positions each slot holds
+        self._mask = np.zeros((capacity, self.max_length), np.int64)  # the step's mask: ones on [0, held_s]
+        self._mask[:, 0] = 1
+        kv0 = decoder.kv[0]
+        self._row_bytes = int(np.prod(kv0.shape()[1:])) * np.dtype(variant.kv_dtype).itemsize
+        self._kv_row_shape = [1, *kv0.shape()[1:]]  # (1, nh, context, width)
+        self._prefill_logits = np.empty((1, 1, variant.shape.vocab_size), variant.logits_dtype)
+        self._inputs: tuple[np.ndarray, ...] = ()
+
+    # -- one slot -------------------------------------------------------------------------------------
+    def _bind_slot(self, slot: int):
+        """A binding of the ordinary session over one row of every cache (device addresses), logits to the host."""
+        binding = self.variant.session.io_binding()
+        device = self.variant.kv_device
+        for past, present, buf in zip(self.variant.names.past_names, self.variant.names.present_names, self.decoder.kv):
+            address = buf.data_ptr() + slot * self._row_bytes
+            for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
+                bind(name, device, 0, self.variant.kv_dtype, self._kv_row_shape, address)
+        self.variant.bind_keep(binding, 1)
+        logits = self._prefill_logits
+        binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
+        return binding
+
+    def _run_slot(self, binding, ids: np.ndarray, start: int, end: int) -> np.ndarray:
+        self._inputs = (np.ascontiguousarray(ids[:, start:end]), np.ones((1, end), np.int64),
+                        np.arange(start, end, dtype=np.int64)[None])
+        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
+            binding.bind_cpu_input(name, array)
+        self.variant.session.run_with_iobinding(binding)
+        return self._prefill_logits[0, -1].astype(np.float32)  # (V,)
+
+    def _hold(self, slot: int, held: int) -> None:
+        self._held[slot] = held
+        self._mask[slot, :held + 1] = 1  # a step writes this row's next position, held
+
+    # -- the pool's interface ---------------------------------------------------------------------------
+    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None) -> Prefill:
+        if not self._free:
+            raise RuntimeError("sequence pool is full")  # the engine admits at most `capacity`
+        if len(prompt_ids) >= self.max_length:
+            raise RuntimeError(f"a prompt of {len(prompt_ids)} tokens leaves no room in {self.max_length} positions")
+        slot = self._slot[seq] = self._free.pop()
+        self._hold(slot, 0)
+        binding = self._bind_slot(slot)
+        ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
+        logits = None
+        for start, end in prefill_runs(ids.shape[1], chunk):
+            logits = self._run_slot(binding, ids, start, end)
+            self._hold(slot, end)
+            if end < ids.shape[1]:
+                yield  # a chunk done: the engine decodes the running batch before the next one
+        self._joined.add(seq)
+        return logits
+
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Each prompt in its own slot, one run each (slots need not be neighbours)."""
+        if len(seqs) > len(self._free):
+            raise RuntimeError(f"a group of {len(seqs)} does not fit the pool's {len(self._free)} free slots")
+        out = []
+        for seq, prompt in zip(seqs, prompts):
+            runs = self.prefill(seq, prompt, None)
+            while True:
+                try:
+                    next(runs)
+                except StopIteration as done:
+                    out.append(done.value)
+                    break
+        return np.stack(out)  # (k, V)
+
+    def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+        if set(seqs) != self._joined or len(seqs) != len(self._joined):
+            raise RuntimeError("a step feeds every joined sequence exactly once")
+        ids = np.zeros((self.capacity, 1), np.int64)
+        pos = self._held[:, None].copy()  # (capacity, 1): each row's next position (throwaway rows too)
+        slots = [self._slot[s] for s in seqs]
+        if any(self._held[s] + 1 > self.max_length for s in slots):
+            raise RuntimeError("a sequence is at the end of the cache")
+        ids[slots, 0] = np.asarray(tokens, dtype=np.int64)
+        self.decoder.step(ids, self._mask, pos)
+        for s in slots:
+            self._hold(s, self._held[s] + 1)
+        return self.decoder.last_logits()[slots]  # (n, V) in seqs' order
+
+    def remove(self, seq: int) -> None:
+        slot = self._slot.pop(seq, None)
+        if slot is None:
+            return
+        self._joined.discard(seq)
+        self._mask[slot] = 0
+        self._hold(slot, 0)
+        self._free.append(slot)

@@ -1,0 +1,193 @@
+"""The continuous batch on a kv_buffer graph: every sequence owns a row of one preallocated cache.
+
+Per layer, keys and values live in one host array (2 x capacity, nh, max_len, hs). Joined sequences
+occupy rows 0..n-1, so a decode step binds the contiguous prefix (n, nh, max_len, hs) as past and
+present and GroupQueryAttention writes the new position of every row in place. Rows capacity.. are
+scratch rows where newcomers are prefilled: a group of k whose prompts fit one run together is
+prefilled at once in k scratch rows, left-padded to the longest (an empty past, so ONNX Runtime's CPU
+GroupQueryAttention takes any batch; the padding is masked, and the LM head reads the last position,
+every row's last prompt token); a prompt too long for one run is prefilled alone in chunks in the
+first scratch row (GroupQueryAttention takes a multi-position run over a non-empty past for batch 1
+only). Scratch rows cost memory only where a prompt touched them (see _without_huge_pages).
+
+All rows share one timeline of T positions: row r's cache is the window [T - len_r, T), and the
+attention mask hides everything before it. A newcomer's prefilled window is copied from the
+scratch row to the end of the timeline (rows move right first if it is longer than T); when
+T reaches max_len, or SLACK positions at its start are needed by no row, rows move left. A finished row is replaced by the last
+row, so the prefix stays dense. Copies cost len positions x layers, e.g. 2.4 MB for a 32-token
+prompt of GPT-2 small; nothing is copied on an ordinary decode step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from .. import contract as C
+from .graph_variant import GraphVariant
+from .sequence_pool import Prefill, prefill_runs
+
+
+@contextlib.contextmanager
+def _without_huge_pages():
+    """numpy asks Linux for 2 MB pages on arrays over 4 MB (madvise). A row's window touches a few KB in
+    each head's (max_len, hs) block, and a huge page makes all 2 MB of it resident: serving GPT-2 small
+    INT8 to 16 clients peaked at 1,482 MiB RSS, every row of the cache resident."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _set_madvise_hugepage
+    previous = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(previous)
+
+
+# Positions at the start of the shared timeline that no row needs any more before the rows move left.
+# Without it the timeline sweeps the whole buffer and touches every page of it: serving GPT-2 small INT8
+# to 16 clients (--max-batch 16) peaked at 1,481 MiB RSS. With it the touched span stays within the
+# longest live sequence + SLACK; a move copies every row's window (8 rows x 160 positions: ~94 MB,
+# every 64 steps).
+SLACK = 64
+
+
+class SlotPool:
+    def __init__(self, variant: GraphVariant, capacity: int, max_length: int):
+        shape = variant.shape
+        self.variant, self.capacity, self.max_length = variant, capacity, max_length
+        self._session, self._names = variant.session, variant.names
+        # Zeroed, so a masked position never holds NaN bits (0 x NaN would leak through attention);
+        # untouched pages cost no memory, provided they are small ones (see _without_huge_pages).
+        with _without_huge_pages():
+            # (2 x capacity, nh, max_len, width) in the cache's type (runtime/modeldir/kv_cache.py): int8 is a
+            # quarter of fp32
+            self.kv = [np.zeros((2 * capacity, shape.n_head, max_length, variant.kv_width), variant.kv_dtype)
+                       for _ in range(2 * shape.n_layer)]
+        self._rows: list[int] = []  # row -> seq, rows 0..n-1
+        self._lengths: list[int] = []  # row -> positions held
+        self._timeline = 0  # T
+        self._decode = self._binding(capacity)  # its rows are rebound whenever n changes
+        self._decode_rows = -1
+        self._inputs: tuple[np.ndarray, ...] = ()
+
+    def _binding(self, rows: int):
+        binding = self._session.io_binding()
+        self.variant.bind_keep(binding, 1)
+        binding.logits = np.empty((rows, 1, self.variant.shape.vocab_size), self.variant.logits_dtype)  # kept alive
+        return binding
+
+    def _bind_kv(self, binding, rows: slice) -> None:
+        """Bind rows of every cache as past and present, and logits (n, 1, V) for as many rows."""
+        n = rows.stop - rows.start
+        logits = binding.logits[:n]
+        binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
+        for past, present, buf in zip(self._names.past_names, self._names.present_names, self.kv):
+            view = buf[rows]  # (n, nh, max_len, hs), contiguous: a prefix or one row
+            for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
+                bind(name, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
+
+    def _run(self, binding, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        self._inputs = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in (ids, mask, pos))
+        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
+            binding.bind_cpu_input(name, array)
+        self._session.run_with_iobinding(binding)
+        return binding.logits[: ids.shape[0], -1, :].astype(np.float32)  # (n, V), a copy
+
+    # -- the pool's interface ------------------------------------------------------------------------
+    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None) -> Prefill:
+        if len(self._rows) >= self.capacity:
+            raise RuntimeError("sequence pool is full")  # the engine admits at most `capacity`
+        binding = self._binding(1)
+        self._bind_kv(binding, slice(self.capacity, self.capacity + 1))  # the scratch row
+        ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
+        logits = None
+        for start, end in prefill_runs(ids.shape[1], chunk):
+            logits = self._run(binding, ids[:, start:end], np.ones((1, end), np.int64),
+                               np.arange(start, end, dtype=np.int64)[None])[0]
+            if end < ids.shape[1]:
+                yield  # a chunk done: the engine decodes the running batch before the next one
+        self._join(seq, ids.shape[1])
+        return logits
+
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        k = len(seqs)
+        if not 1 <= k <= self.capacity - len(self._rows):
+            raise RuntimeError(f"a group of {k} does not fit the pool's {self.capacity - len(self._rows)} free rows")
+        longest = max(len(p) for p in prompts)
+        ids = np.zeros((k, longest), np.int64)  # (k, S), each prompt at the right end of its row
+        mask = np.zeros((k, longest), np.int64)
+        pos = np.zeros((k, longest), np.int64)
+        for r, prompt in enumerate(prompts):
+            pad = longest - len(prompt)
+            ids[r, pad:], mask[r, pad:], pos[r, pad:] = prompt, 1, np.arange(len(prompt))
+        binding = self._binding(k)  # made per group: a run of k x S positions dwarfs binding 2 x layers arrays
+        self._bind_kv(binding, slice(self.capacity, self.capacity + k))
+        logits = self._run(binding, ids, mask, pos)  # (k, V)
+        for r, (seq, prompt) in enumerate(zip(seqs, prompts)):
+            self._join(seq, len(prompt), src=self.capacity + r, src_end=longest)
+        return logits
+
+    def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+        n = len(self._rows)
+        if self._timeline + 1 > self.max_length or self._timeline - max(self._lengths) >= SLACK:
+            self._compact()
+        if n != self._decode_rows:
+            self._bind_kv(self._decode, slice(0, n))
+            self._decode_rows = n
+        if sorted(seqs) != sorted(self._rows):  # every window must end at the shared timeline
+            raise RuntimeError("a step feeds every joined sequence exactly once")
+        T = self._timeline
+        ids = np.zeros((n, 1), np.int64)
+        mask = np.zeros((n, T + 1), np.int64)  # (n, T + 1): each row sees its own window and the new token
+        pos = np.zeros((n, 1), np.int64)
+        row_of = {seq: r for r, seq in enumerate(self._rows)}
+        for seq, tok in zip(seqs, tokens):
+            r = row_of[seq]
+            ids[r, 0], pos[r, 0] = tok, self._lengths[r]
+            mask[r, T - self._lengths[r]:] = 1
+        logits = self._run(self._decode, ids, mask, pos)
+        for seq in seqs:
+            self._lengths[row_of[seq]] += 1
+        self._timeline = T + 1
+        return logits[[row_of[s] for s in seqs]]
+
+    def remove(self, seq: int) -> None:
+        if seq not in self._rows:
+            return  # removed mid-prefill: the scratch row is simply reused
+        r, last = self._rows.index(seq), len(self._rows) - 1
+        if r != last:  # keep rows dense: the last row's window moves into the hole
+            self._copy_window(last, r, self._lengths[last], self._timeline)
+            self._rows[r], self._lengths[r] = self._rows[last], self._lengths[last]
+        self._rows.pop()
+        self._lengths.pop()
+        if not self._rows:
+            self._timeline = 0
+
+    # -- moving windows ------------------------------------------------------------------------------
+    def _copy_window(self, src: int, dst: int, length: int, end: int, src_end: int | None = None) -> None:
+        """Row src's positions [src_end - length, src_end) -> row dst's [end - length, end)."""
+        src_end = end if src_end is None else src_end
+        for buf in self.kv:
+            buf[dst, :, end - length:end] = buf[src, :, src_end - length:src_end]  # overlap-safe in numpy
+
+    def _join(self, seq: int, length: int, src: int | None = None, src_end: int | None = None) -> None:
+        """A newcomer's window [src_end - length, src_end) of scratch row src becomes the next row's."""
+        src = self.capacity if src is None else src
+        src_end = length if src_end is None else src_end
+        if length > self._timeline:  # the newcomer is longer than the timeline: every row moves right
+            for r, held in enumerate(self._lengths):
+                self._copy_window(r, r, held, length, src_end=self._timeline)
+            self._timeline = length
+        self._copy_window(src, len(self._rows), length, self._timeline, src_end=src_end)
+        self._rows.append(seq)
+        self._lengths.append(length)
+
+    def _compact(self) -> None:
+        """Move every window left so the longest one starts at 0 (the timeline is full, or SLACK unused)."""
+        longest = max(self._lengths)
+        for r, held in enumerate(self._lengths):
+            self._copy_window(r, r, held, longest, src_end=self._timeline)
+        self._timeline = longest

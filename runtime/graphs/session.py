@@ -1,0 +1,148 @@
+"""ONNX Runtime: import with a one-line hint, pick providers for a device, make sessions."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DeviceError, InvalidArgumentError, MissingRuntimeError, install_hint
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("cpu", "cuda", "auto")
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+# More threads than logical CPUs only slows ONNX Runtime down (1,000 took 10-70 s to load): refused.
+MAX_THREADS = os.cpu_count() or 1
+OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                       "all": "ORT_ENABLE_ALL"}
+
+
+def import_onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise MissingRuntimeError(f"ONNX Runtime is not installed: {install_hint('cpu')}") from None
+    return onnxruntime
+
+
+def available_providers() -> list[str]:
+    return list(import_onnxruntime().get_available_providers())
+
+
+def providers_for(device: str, available: list[str] | None = None) -> list[str]:
+    """Execution providers for a device name; fails in one line when the device cannot be had."""
+    available = available_providers() if available is None else available
+    if device not in DEVICES:
+        raise DeviceError(f"unknown device {device!r}: choose cpu, cuda or auto")
+    if device == "cuda" or (device == "auto" and CUDA_PROVIDER in available):
+        if CUDA_PROVIDER not in available:
+            raise DeviceError(
+                f"device 'cuda' needs the CUDA execution provider, which this onnxruntime lacks "
+                f"(has {', '.join(available)}); install 'gptedge[gpu]' in place of 'gptedge[cpu]'"
+            )
+        return [CUDA_PROVIDER, CPU_PROVIDER]
+    return [CPU_PROVIDER]
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How the one InferenceSession of a loaded model is made; None leaves ONNX Runtime's default."""
+
+    threads: int | None = None  # intra-op threads (ORT's default: one per physical core)
+    inter_op_threads: int | None = None  # only used when execution_mode is parallel
+    optimization_level: str = "all"  # disable | basic | extended | all
+    provider_options: Mapping[str, Any] = field(default_factory=dict)  # for the first provider (CUDA's, say)
+    profile_prefix: str | None = None  # turn ONNX Runtime's per-op profiler on, writing PREFIX_*.json
+    # Intra-op threads spin-wait for work between and after runs (ORT's default: on). Off, they yield the cores
+    # at once: what a server wants, whose event loop and clients need the cores between two decode steps.
+    spin: bool | None = None
+    # On CUDA, replay decode steps as captured CUDA graphs where the dir's graph allows it (a kv_buffer graph
+    # with a wide mask: runtime/graphs/cuda_graph.py). A second session holds the weights again on the GPU.
+    cuda_graph: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "inter_op_threads"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 1 <= value <= MAX_THREADS):
+                raise InvalidArgumentError(f"{name} must be an integer in 1..{MAX_THREADS}, got {value!r}")
+        if self.optimization_level not in OPTIMIZATION_LEVELS:
+            raise InvalidArgumentError(f"optimization_level must be one of {', '.join(OPTIMIZATION_LEVELS)}, "
+                                       f"got {self.optimization_level!r}")
+
+
+_cuda_preloaded = False
+
+
+def _preload_cuda(ort: Any) -> None:
+    """CUDA and cuDNN from pip's nvidia-* packages (onnxruntime-gpu >= 1.21 finds them there), once per process."""
+    global _cuda_preloaded
+    if not _cuda_preloaded and hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    _cuda_preloaded = True
+
+
+def make_session(model_path: str | bytes, device: str = "auto", config: SessionConfig = SessionConfig(),
+                 capture: bool = False, external_data_dir: str | None = None) -> Any:
+    """An InferenceSession on `device`, made as `config` says, from a file or a serialized model (whose external
+    data, if any, lies in external_data_dir); capture: CUDA graphs on (ONNX Runtime's enable_cuda_graph), for the
+    decode session of runtime/graphs/cuda_graph.py."""
+    ort = import_onnxruntime()
+    providers = providers_for(device)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[config.optimization_level])
+    options.log_severity_level = 3  # our own logging says what matters; ORT's warnings are noise to users
+    if config.threads:
+        options.intra_op_num_threads = config.threads
+    if config.inter_op_threads:
+        options.inter_op_num_threads = config.inter_op_threads
+    if config.spin is not None:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
+    if external_data_dir is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", external_data_dir)
+    if config.profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = config.profile_prefix
+    if CUDA_PROVIDER in providers:
+        _preload_cuda(ort)
+    provider_options = [dict(config.provider_options)] + [{} for _ in providers[1:]]
+    if capture:
+        if CUDA_PROVIDER not in providers:
+            raise DeviceError("CUDA graphs need the CUDA execution provider")
+        provider_options[0]["enable_cuda_graph"] = "1"
+    session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
+                                   provider_options=provider_options)
+    log.info("session on %s (providers used: %s)", device, ", ".join(session.get_providers()))
+    return session
+
+
+def gpu_description() -> list[dict[str, str]]:
+    """The NVIDIA GPUs nvidia-smi lists (name, driver, memory); [] where there is none or no nvidia-smi."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    fields = ("name", "driver_version", "memory.total", "compute_cap")
+    try:
+        out = subprocess.run([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("nvidia-smi failed: %s", e)
+        return []
+    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
+
+
+def provider_report(session: Any) -> dict[str, Any]:
+    """What `gptedge info` shows of a session: providers used, their options, the GPU when CUDA is one."""
+    ort = import_onnxruntime()
+    used = session.get_providers()
+    report: dict[str, Any] = {"onnxruntime": ort.__version__, "providers_used": used,
+                              "provider_options": {p: session.get_provider_options().get(p, {}) for p in used}}
+    if CUDA_PROVIDER in used:
+        report["gpus"] = gpu_description()
+    return report

@@ -1,0 +1,112 @@
+"""The quantization recipe: a frozen record of what was asked, validated field by field.
+
+One record from the command line to the manifest: `gptedge quantize` builds it from its options,
+the quantizer applies it, and the manifest's `quantization` is this record (as applied: every
+default filled in) plus what it did to the graph (manifest.Quantization). It lives in the runtime,
+beside the manifest that records it, and needs neither onnx nor numpy: what a method may be asked
+for is read from its line in the registry (runtime/registry.py), not from its module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from ..errors import InvalidArgumentError
+from ..registry import QUANTIZATION_METHODS
+
+# 4-bit defaults, chosen by KL(fp32||int4) on the sample model's held-out excerpt (docs/quantization.md#4-bit-weight-only):
+# an 8-bit tied embedding / LM head halves to quarters the KL for +1 MB; asymmetric blocks of 32 were best.
+EMBEDDING_BITS_WITH_INT4 = 8
+SYMMETRIC_WITH_INT4 = False
+
+
+ACTIVATION_SCALES = ("per-row", "per-tensor")
+# A block's linears as the exporter names them (`h.3.mlp.c_proj.weight`): what --keep-8bit patterns match.
+BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def block_linear_names(n_layer: int) -> list[str]:
+    """h.0.attn.c_attn ... h.{n_layer-1}.mlp.c_proj: every block linear's name, less `.weight`."""
+    return [f"h.{i}.{kind}" for i in range(n_layer) for kind in BLOCK_LINEARS]
+
+
+def kept_at_8bit(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a linear (its name less `.weight`) matches one of a recipe's keep_8bit patterns."""
+    return any(fnmatchcase(name, p) for p in patterns)
+
+
+
+@dataclass(frozen=True)
+class QuantizeRecipe:
+    method: str  # a name in the registry's QUANTIZATION_METHODS
+    per_channel: bool = True  # dynamic / static: one weight scale per output channel (else one per tensor)
+    block_size: int = 32  # weight-only: weights per scale along K
+    # weight-only: MatMulNBits compute. 4 (default): activations quantized per block of 32 inside the
+    # kernel, int8 dot products; 0: float activations, exact to the weights, but ONNX Runtime 1.31 has
+    # no fast 8-bit kernel for it on CPU (GPT-2 small: 2.5 tok/s against 64 at level 4, one thread).
+    accuracy_level: int = 4
+    quantize_attention: bool = False  # dynamic / static: also quantize QK^T and PV (activation x activation)
+    # dynamic: one activation scale per row (each position of each sequence: a row's result does not depend
+    # on its batch or prefill chunk), or one per tensor (DynamicQuantizeMatMul: one fused kernel)
+    activation_scale: str = "per-row"
+    reduce_range: bool = True  # dynamic: 7-bit weights, so u8 x s8 int16 sums never saturate (see int8_math)
+    calibration_sequences: int = 32  # static
+    calibration_length: int = 128  # static: tokens per sequence, at most the model's context
+    bits: int | None = None  # weight-only: 8 or 4 bits per weight (dynamic / static: 8 only); None: the method's first
+    # weight-only 4-bit: True, zero point 8; False, a 4-bit zero point per block. None: False for 4-bit
+    # recipes (SYMMETRIC_WITH_INT4), True otherwise (8-bit blocks are symmetric). Filled in.
+    symmetric: bool | None = None
+    # weight-only: bits of the tied embedding / LM head; None: 8 for 8-bit recipes,
+    # EMBEDDING_BITS_WITH_INT4 for 4-bit ones. Filled in, so the manifest records it.
+    embedding_bits: int | None = None
+    # weight-only: the float parts (activations, scales, biases, LayerNorms, caches) in fp16, for GPUs
+    float16: bool = False
+    # a task head's dir (export --task): also quantize the head's linear (score on the extract state), or keep it a
+    # float MatMul (default). Measured on the sample classifier (samples/sample-classifier/README.md): fp32 head
+    # KL(fp32 || q) over the labels -14% static, -18% weight-only 8-bit, -26% 4-bit, +1% dynamic (a wash), for
+    # +3.5 KB. Nothing to a language model (its graph has no task head).
+    quantize_head: bool = False
+    # weight-only 4-bit: linears kept at 8 bits, as fnmatch patterns over their names (`h.3.mlp.c_proj`,
+    # `*.mlp.c_proj`, `h.0.*`), the way llama.cpp's Q4_K_M keeps its most sensitive tensors at 5-6 bits. Empty: none.
+    keep_8bit: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.method not in QUANTIZATION_METHODS:
+            raise InvalidArgumentError(f"unknown method {self.method!r}: choose {', '.join(QUANTIZATION_METHODS)}")
+        m = QUANTIZATION_METHODS.entry(self.method)
+        if self.bits is None:
+            object.__setattr__(self, "bits", m.bits[0])
+        if self.float16 and not m.float16:
+            raise InvalidArgumentError(f"float16 applies to weight-only (and is what fp16 does), not {self.method}")
+        if self.embedding_bits is None:
+            object.__setattr__(self, "embedding_bits", EMBEDDING_BITS_WITH_INT4 if self.bits == 4 else self.bits)
+        if self.symmetric is None:
+            four = 4 in (self.bits, self.embedding_bits)
+            object.__setattr__(self, "symmetric", SYMMETRIC_WITH_INT4 if four else True)
+        for what, value in (("bits", self.bits), ("embedding bits", self.embedding_bits)):
+            if value not in m.bits:
+                raise InvalidArgumentError(f"{what} {value} does not apply to {self.method}: it stores "
+                                           f"{' or '.join(map(str, sorted(m.bits)))}-bit weights")
+        if not self.symmetric and not (m.asymmetric and 4 in (self.bits, self.embedding_bits)):
+            raise InvalidArgumentError(f"asymmetric applies to 4-bit weights (bits 4), not {self.bits}-bit "
+                                       f"{self.method}")
+        if self.keep_8bit and (self.method != "weight-only" or self.bits != 4):
+            raise InvalidArgumentError(f"keeping linears at 8 bits applies to weight-only 4-bit (bits 4), not "
+                                       f"{self.bits}-bit {self.method}")
+        if any(not isinstance(p, str) or not p.strip() for p in self.keep_8bit):
+            raise InvalidArgumentError("a keep-8-bit pattern must be a non-empty linear name or glob (h.3.mlp.c_proj)")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise InvalidArgumentError(f"block size must be a power of two >= 16, got {self.block_size}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise InvalidArgumentError(f"accuracy level must be 0..4, got {self.accuracy_level}")
+        if self.activation_scale not in ACTIVATION_SCALES:
+            raise InvalidArgumentError(f"activation scale must be {' or '.join(ACTIVATION_SCALES)}, "
+                                       f"got {self.activation_scale!r}")
+        if self.calibration_sequences < 1 or self.calibration_length < 2:
+            raise InvalidArgumentError("calibration needs at least one sequence of two tokens")
+
+    @property
+    def half_precision(self) -> bool:
+        """Its graph computes in fp16 (fp16, or weight-only --float16): checked on the GPU where there is one."""
+        return self.float16 or self.bits == 16

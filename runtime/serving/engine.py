@@ -1,0 +1,373 @@
+"""The serving engine: one thread owns the model's session and runs continuous batching (docs/design.md#serving).
+
+Requests queue up (at most `max_queue` waiting). Each loop turn runs one prefill run, then one
+decode step of the running batch, so a running row waits at most one prefill run (of at most
+`prefill_chunk` prompt positions, padding counted) between two tokens. The run prefills together as
+many newcomers as have rows and fit the budget (k prompts padded to the longest: k x longest <=
+prefill_chunk; a burst of short prompts costs one run, not one each), or the next chunk of one
+prompt too long for the budget alone. Newcomers join the running batch at the step boundary; a
+sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes
+every joined sequence at once through the graph variant's sequence pool. Token selection, stop
+handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets
+the tokens `generate` gives for the same prompt and settings whatever else is in the batch (fp32; INT8 within its batch
+invariance). Events reach the caller through its callback, on the engine thread: keep it short
+(the HTTP layer hands them to its event loop).
+
+Each request has an explicit state (RequestState: waiting -> prefilling -> running -> finished, as
+llama.cpp's server gives each slot one), set where it moves, and ends with a FinishReason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from ..generation.arguments import check_bool, check_int, check_stop
+from ..errors import GptEdgeError
+from ..generation.evaluate import log_softmax
+from ..generation.generation import (PREFILL_CHUNK, STOP_CONTEXT, STOP_MAX_NEW, Generation, SequenceState,
+                                     check_prompts)
+from .metrics import EngineMetrics
+from ..model import LoadedModel
+from ..generation.sampling import SamplingParams, select_token
+from ..generation.text_stream import TextStream
+from ..graphs.sequence_pool import pool_for
+
+log = logging.getLogger(__name__)
+
+MAX_LOGPROBS = 100  # top alternatives one request may ask for per token
+
+
+class FinishReason(str, Enum):
+    """Why a request ended: its last TokenEvent's finish_reason (OpenAI's values, as strings in JSON)."""
+
+    STOP = "stop"  # eos or a stop string
+    LENGTH = "length"  # max_new_tokens or the context
+    CANCELLED = "cancelled"  # by its handle (a client gone), or by the engine stopping
+    ERROR = "error"  # a failed model run
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class RequestState(Enum):
+    WAITING = "waiting"  # queued for a batch row
+    PREFILLING = "prefilling"  # its prompt runs, a chunk per engine turn
+    RUNNING = "running"  # decoding in the batch, a token per step
+    FINISHED = "finished"  # its last event was sent
+
+
+class QueueFullError(GptEdgeError):
+    """The engine's waiting queue is full: try again later."""
+
+
+class EngineStoppedError(GptEdgeError):
+    """The engine is shutting down and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    logprobs: int = 0  # top-N alternatives reported per token (0: none; the chosen token's logprob always)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        """Types checked here (TypeError naming the field); ranges against the model at submit()."""
+        ids = self.prompt_ids
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, (tuple, list, np.ndarray)) or not all(
+                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
+            raise TypeError(f"prompt_ids must be a sequence of integer token ids, got {ids!r:.60}")
+        object.__setattr__(self, "prompt_ids", tuple(int(i) for i in ids))
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
+        object.__setattr__(self, "stop", check_stop(self.stop))
+        check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
+        check_bool(self.ignore_eos, "ignore_eos")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str  # text this token completed ("" while a character or a possible stop string is held back)
+    token_id: int | None = None
+    logprob: float | None = None  # of the chosen token under the model's distribution (before sampling filters)
+    top_logprobs: dict[int, float] | None = None
+    finish_reason: FinishReason | None = None  # on the last event
+    generation: Generation | None = None  # on the last event
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class _Active:
+    request: CompletionRequest
+    on_event: Callable[[TokenEvent], None]
+    state: SequenceState
+    submitted: float
+    seq: int
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    pending: int = -1  # the sampled token the next step feeds
+    last_token_at: float = 0.0
+    status: RequestState = RequestState.WAITING
+
+
+class RequestHandle:
+    def __init__(self, active: _Active):
+        self._active = active
+
+    @property
+    def id(self) -> int:
+        return self._active.seq
+
+    def cancel(self) -> None:
+        """Stop this request at the next step boundary (its room is freed there)."""
+        self._active.cancelled.set()
+
+
+class Engine:
+    def __init__(self, model: LoadedModel, max_batch: int = 8, max_queue: int = 64,
+                 prefill_chunk: int | None = PREFILL_CHUNK):
+        if not isinstance(model, LoadedModel):
+            raise TypeError(f"Engine() takes a loaded model (gptedge.runtime.load(DIR)), got {type(model).__name__}")
+        max_batch, max_queue = check_int(max_batch, "max_batch", 1), check_int(max_queue, "max_queue", 0)
+        if prefill_chunk is not None:
+            prefill_chunk = check_int(prefill_chunk, "prefill_chunk", 1)
+        self.model, self.max_batch, self.max_queue, self.prefill_chunk = model, max_batch, max_queue, prefill_chunk
+        shape = model.manifest.shape
+        self.pool = pool_for(model.variant, max_batch, shape.context_length)
+        self.metrics = EngineMetrics()
+        self._tokenizer = model.tokenizer if (model.model_dir / "tokenizer.json").is_file() else None
+        self._cond = threading.Condition()
+        self._waiting: deque[_Active] = deque()
+        self._running: list[_Active] = []
+        self._prefilling: tuple[_Active, object] | None = None
+        self._group: list[_Active] = []  # newcomers off the queue, in a prefill run (a failed run fails them too)
+        self._ids = itertools.count(1)
+        self._accepting = True
+        self._deadline: float | None = None  # set by stop(): cancel whatever still runs then
+        self._thread = threading.Thread(target=self._loop, name="gptedge-engine", daemon=True)
+
+    # -- the caller's side (any thread) -------------------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def submit(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None]) -> RequestHandle:
+        """Queue a request; raises InvalidArgumentError / PromptTooLongError / QueueFullError at once.
+
+        on_event is called on the engine thread with each TokenEvent; should it raise, this request ends
+        (cancelled at the next step, the error logged) and every other request goes on."""
+        if not isinstance(request, CompletionRequest):
+            raise TypeError(f"submit() takes a CompletionRequest, got {type(request).__name__}")
+        if not callable(on_event):
+            raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
+        m = self.model.manifest
+        check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
+        stream = TextStream(self._tokenizer, request.stop) if self._tokenizer is not None else None
+        state = SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
+                              np.random.default_rng(request.sampling.seed), list(request.prompt_ids))
+        with self._cond:
+            if not self._accepting:
+                raise EngineStoppedError("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFullError(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
+            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids))
+            self._waiting.append(active)
+            self.metrics.queue_depth = len(self._waiting)
+            self._cond.notify()
+        return RequestHandle(active)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Take no new requests; let running ones finish for up to grace_s, cancel the rest, join.
+        An engine never started has only waiting requests: they are cancelled here."""
+        with self._cond:
+            self._accepting = False
+            self._deadline = time.perf_counter() + grace_s
+            self._cond.notify()
+        if self._thread.ident is None:
+            self._cancel_all()
+            return
+        self._thread.join()
+
+    @property
+    def busy(self) -> int:
+        """Requests waiting, prefilling or running."""
+        with self._cond:
+            return self._unfinished()
+
+    # -- the engine thread --------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._prefilling) and self._accepting:
+                    self._cond.wait()
+                if not self._accepting and (self._deadline_passed() or not self._unfinished()):
+                    break
+            try:
+                self._drop_cancelled()
+                self._prefill_turn()
+                if self._running:
+                    self._decode_step()
+            except Exception as e:  # a failed run fails what was in flight, and the engine goes on
+                log.exception("engine step failed")
+                self._fail_all(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        self._cancel_all()
+
+    def _unfinished(self) -> int:
+        """Requests waiting, prefilling or running (the caller holds the lock)."""
+        return len(self._waiting) + len(self._group) + len(self._running) + (self._prefilling is not None)
+
+    def _deadline_passed(self) -> bool:
+        return self._deadline is not None and time.perf_counter() >= self._deadline
+
+    def _prefill_turn(self) -> None:
+        """One prefill run: a group of newcomers whose prompts fit the budget together, else the next chunk
+        of one long prompt (started here when it heads the queue)."""
+        if self._prefilling is None:
+            group = self._take_group()
+            if not group:
+                return
+            if len(group) > 1 or len(group[0].request.prompt_ids) <= (self.prefill_chunk or np.inf):
+                self._group = group
+                logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group])
+                self._group = []
+                for active, row in zip(group, logits):
+                    self._joined(active, row)
+                return
+            active = group[0]
+            self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
+        active, runs = self._prefilling
+        try:
+            next(runs)
+            return  # one chunk done; the running batch decodes before the next
+        except StopIteration as done:
+            logits = done.value
+        self._prefilling = None
+        self._joined(active, logits)
+
+    def _take_group(self) -> list[_Active]:
+        """Newcomers off the queue's head while rows are free and k x longest prompt <= prefill_chunk
+        (at least one: a prompt longer than the budget alone is prefilled in chunks)."""
+        group: list[_Active] = []
+        longest = 0
+        with self._cond:
+            while self._waiting and len(self._running) + len(group) < self.max_batch:
+                length = max(longest, len(self._waiting[0].request.prompt_ids))
+                if group and self.prefill_chunk is not None and length * (len(group) + 1) > self.prefill_chunk:
+                    break
+                group.append(self._waiting.popleft())
+                longest = length
+            self.metrics.queue_depth = len(self._waiting)
+        for active in group:
+            self.metrics.tokens_in += len(active.request.prompt_ids)
+            active.status = RequestState.PREFILLING
+        return group
+
+    def _joined(self, active: _Active, logits: np.ndarray) -> None:
+        """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
+        self._emit_next(active, logits)
+        if active.state.result.stop:
+            self.pool.remove(active.seq)
+        else:
+            active.status = RequestState.RUNNING
+            self._running.append(active)
+        self.metrics.running = len(self._running)
+
+    def _decode_step(self) -> None:
+        logits = self.pool.step([a.seq for a in self._running], np.array([a.pending for a in self._running]))
+        for active, row in zip(list(self._running), logits):
+            self._emit_next(active, row)
+            if active.state.result.stop:
+                self._running.remove(active)
+                self.pool.remove(active.seq)
+        self.metrics.running = len(self._running)
+
+    def _emit_next(self, active: _Active, logits: np.ndarray) -> None:
+        """Select one token from logits (V,), report it, and mark the request done when it ends."""
+        req, state = active.request, active.state
+        tok = select_token(logits, req.sampling, state.rng, state.seen)
+        logprob, top = None, None
+        if req.logprobs:
+            logp = log_softmax(logits[None])[0]
+            logprob = float(logp[tok])
+            best = np.argpartition(-logp, req.logprobs)[: req.logprobs]
+            top = {int(i): float(logp[i]) for i in best[np.argsort(-logp[best])]}
+        eos = None if req.ignore_eos else self.model.manifest.eos_id
+        piece = state.take(tok, eos, req.max_new_tokens, self.model.manifest.shape.context_length)
+        now = time.perf_counter()
+        first = not active.last_token_at
+        self.metrics.observe_token(now - (active.submitted if first else active.last_token_at), first)
+        active.last_token_at, active.pending = now, tok
+        if state.result.stop:
+            self._finish(active, piece, tok, logprob, top)
+        else:
+            self._deliver(active, TokenEvent(piece, tok, logprob, top))
+
+    def _deliver(self, active: _Active, event: TokenEvent) -> None:
+        """Hand an event to its request's callback. A callback that raises ends its own request (cancelled at
+        the next step boundary), never the batch: the others' events keep coming."""
+        try:
+            active.on_event(event)
+        except Exception as e:  # the caller's code: anything may come out of it
+            if not active.cancelled.is_set():
+                log.warning("request %d: its event callback raised %s: %s; the request is cancelled",
+                            active.seq, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+            active.cancelled.set()
+
+    def _finish(self, active: _Active, piece: str, tok: int | None, logprob=None, top=None,
+                reason: FinishReason | None = None, error: str | None = None) -> None:
+        r = active.state.result
+        tail = active.state.stream.flush() if active.state.stream is not None and reason is None else ""
+        if active.state.stream is not None:
+            r.text = active.state.stream.text
+        reason = reason or (FinishReason.LENGTH if r.stop in (STOP_MAX_NEW, STOP_CONTEXT) else FinishReason.STOP)
+        active.status = RequestState.FINISHED
+        self.metrics.finished(reason.value, len(r.ids))
+        self._deliver(active, TokenEvent(piece + tail, tok, logprob, top, reason, r, error))
+
+    def _drop_cancelled(self) -> None:
+        with self._cond:
+            gone = [a for a in self._waiting if a.cancelled.is_set()]
+            for a in gone:
+                self._waiting.remove(a)
+            self.metrics.queue_depth = len(self._waiting)
+        if self._prefilling and self._prefilling[0].cancelled.is_set():
+            gone.append(self._prefilling[0])
+            self._prefilling = None
+        for a in [a for a in self._running if a.cancelled.is_set()]:
+            self._running.remove(a)
+            gone.append(a)
+        for a in gone:
+            self.pool.remove(a.seq)
+            self._finish(a, "", None, reason=FinishReason.CANCELLED)
+        self.metrics.running = len(self._running)
+
+    def _in_flight(self) -> list[_Active]:
+        with self._cond:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        flight = waiting + self._group + self._running + ([self._prefilling[0]] if self._prefilling else [])
+        self._running, self._prefilling, self._group = [], None, []
+        return flight
+
+    def _fail_all(self, message: str) -> None:
+        for a in self._in_flight():
+            self.pool.remove(a.seq)
+            self._finish(a, "", None, reason=FinishReason.ERROR, error=message)
+
+    def _cancel_all(self) -> None:
+        for a in self._in_flight():
+            self.pool.remove(a.seq)
+            self._finish(a, "", None, reason=FinishReason.CANCELLED)
