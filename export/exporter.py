@@ -22,8 +22,9 @@ from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import WeightSink, save_onnx
 from gptedge.runtime.contract import GRAPH_KV_BUFFER, GRAPH_STANDARD, IONames
 from gptedge.runtime.errors import CheckpointError
+from gptedge.runtime.modeldir.chat_template import CHAT_TEMPLATE_FILE, find_chat_template, special_tokens
 from gptedge.runtime.checks.fingerprint import record_fingerprint
-from gptedge.runtime.modeldir.genai_config import write_genai_files
+from gptedge.runtime.modeldir.genai_config import TOKENIZER_CONFIG, write_genai_files
 from gptedge.runtime.modeldir.manifest import MODEL_FILE, Manifest, Parity, Source, write_json, write_manifest
 from gptedge.runtime.modeldir.tokenizer import load_tokenizer
 
@@ -103,6 +104,10 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
         write_json(tmp / "generation_config.json",
                    {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
         has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False
+        if source_dir and (template := find_chat_template(source_dir)) is not None:  # what a chat is rendered with
+            (tmp / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
+            # the special tokens a template writes (bos_token, eos_token, ...), beside what GenAI reads there
+            write_json(tmp / TOKENIZER_CONFIG, {"model_max_length": cfg.n_positions, **special_tokens(source_dir)})
         names = IONames(cfg.n_layer)
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
                             pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(names.inputs),

@@ -22,10 +22,11 @@ from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import save_onnx
 from gptedge.runtime.errors import QuantizationError
 from gptedge.runtime.checks.fingerprint import record_fingerprint
-from gptedge.runtime.modeldir.genai_config import write_genai_files
+from gptedge.runtime.modeldir.genai_config import TOKENIZER_CONFIG, write_genai_files
 from gptedge.runtime.modeldir.manifest import (Fingerprint, Manifest, Parity, Quantization, QuantizedParity, Source,
                                       read_manifest, write_manifest)
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe
+from gptedge.runtime.modeldir.chat_template import CHAT_TEMPLATE_FILE
 from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 
 from . import kv_cache as kv
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["QuantizeRecipe", "quantize_model_dir", "compare_with_source"]
 
-COPIED_FILES = ("config.json", "generation_config.json", TOKENIZER_FILE)
+COPIED_FILES = ("config.json", "generation_config.json", TOKENIZER_FILE, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG)
 FUSED_ATTENTION_OPS = ("MultiHeadAttention", "GroupQueryAttention")  # attention in one float contrib op
 WORK_DIR = ".work"  # scratch inside the partial output dir, removed before it becomes the output
 

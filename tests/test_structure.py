@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"gptedge": ROOT / "gptedge", "gptedge.export": ROOT / "export", "gptedge.quantize": ROOT / "quantize",
             "gptedge.runtime": ROOT / "runtime"}
-OPTIONAL = {"torch", "onnx", "onnxruntime", "matplotlib", "starlette", "uvicorn", "safetensors", "huggingface_hub",
+OPTIONAL = {"torch", "onnx", "onnxruntime", "matplotlib", "starlette", "uvicorn", "jinja2", "safetensors", "huggingface_hub",
             "transformers", "optimum", "ctranslate2", "llama_cpp", "onnxruntime_genai"}
 LIGHT_CLI = OPTIONAL | {"numpy"}  # the CLI defers numpy too: --help loads every command module
 # `import gptedge.runtime` stays free of numpy (the CLI imports it at --help): its load() defers the model module.

@@ -26,6 +26,7 @@ from pathlib import Path
 import click
 
 from gptedge import runtime
+from gptedge.runtime.modeldir.chat_template import ChatTemplateError, render_chat
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
 from gptedge.sample import sample_model_dir
 
@@ -87,13 +88,16 @@ def _listen(host: str, port: int) -> socket.socket:
               help="Seconds in-flight requests may finish after SIGTERM before they are cancelled.")
 @limit_options
 @classify_options
+@click.option("--chat-template", "chat_template", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="A Jinja chat template for POST /v1/chat/completions, in place of the model dir's own "
+                   "(chat_template.jinja, copied from the checkpoint at export).")
 @click.option("--web", default="auto", show_default=True,
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
 def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, spin: bool, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
           shutdown_timeout: float, web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int,
-          max_examples: int, batch_wait: float) -> None:
+          max_examples: int, batch_wait: float, chat_template: Path | None) -> None:
     """Serve MODEL (default: the shipped sample model) over OpenAI's completions API: /v1/completions
     (streaming too), /v1/models, /health and /metrics; and the playground page at / (on the server, or in the
     browser with onnxruntime-web). A classifier dir (export --task) is served by POST /v1/classify instead."""
@@ -109,6 +113,7 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
     if (Path(model) / MANIFEST_NAME).is_file() and runtime.read_manifest(model).task is not None:
         return _serve_classifier(uvicorn, app, model, name, host, port, max_queue, api_key, threads, device,
                                  shutdown_timeout, limits, max_rows, max_examples, batch_wait)
+    template = _read_chat_template(chat_template) if chat_template is not None else None
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads, spin=spin))
     loaded.tokenizer  # fail on a missing tokenizer before serving
     context = loaded.manifest.shape.context_length
@@ -118,7 +123,21 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
     with page.web_model(Path(model), loaded.manifest, web) as (web_dir, unavailable):  # a temporary pack: removed after
         routes = page.playground_routes(page.Playground(name, bool(api_key), web_dir, unavailable))
         _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, max_queue,
-             max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable, limits)
+             max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable, limits, template)
+
+
+def _read_chat_template(path: Path) -> str:
+    """The file's template, checked to parse before the model loads; one line when it cannot be read or parsed."""
+    try:
+        template = path.read_text(encoding="utf-8")
+        render_chat(template, [{"role": "user", "content": "hi"}])
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"cannot read {path}: {getattr(e, 'strerror', None) or e}",
+                                 param_hint="'--chat-template'") from None
+    except ChatTemplateError as e:
+        if "does not parse" in str(e):
+            raise click.BadParameter(f"{path}: {e}", param_hint="'--chat-template'") from None
+    return template
 
 
 def _serve_classifier(uvicorn, app, model: str, name: str, host: str, port: int, max_queue: int, api_key: str | None,
@@ -163,13 +182,14 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
 def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, prefill_budget: int,
          max_queue: int,
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
-         limits) -> None:
+         limits, chat_template: str | None = None) -> None:
     """Listen, start the engine, and serve until a signal stops it."""
     from gptedge.runtime.serving.engine import Engine  # deferred: numpy, not needed at --help
 
     sock = _listen(host, port)
     engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget).start()
-    state = app.ServeState(engine, loaded, name, max_tokens, api_key or None, limits=limits)
+    state = app.ServeState(engine, loaded, name, max_tokens, api_key or None, limits=limits,
+                           chat_template=chat_template)
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     bound = sock.getsockname()
     diag(f"playground: http://{bound[0]}:{bound[1]}/ (in this browser: {unavailable or 'yes'})")

@@ -32,6 +32,9 @@ from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineSto
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation.generation import check_prompts
 
+from gptedge.runtime.modeldir.chat_template import find_chat_template, special_tokens
+
+from .chat_app import ChatRoute
 from .classify_app import ClassifyApi
 from .classify_schema import generation_card
 from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
@@ -118,6 +121,11 @@ class ChoiceState:
         return entry
 
 
+def _engine_logprobs(top: int | None) -> int:
+    """The engine's logprobs count for an API's top-N (None: off): it reports logprobs with N >= 1."""
+    return 0 if top is None else max(top, 1)
+
+
 def _failure(event: TokenEvent) -> ApiError | None:
     if event.finish_reason == FinishReason.CANCELLED:
         return ApiError(503, "the server shut down before this completion finished", "server_error",
@@ -163,6 +171,8 @@ class Api(Routes):
         # a token's own text, for logprobs: cached, the same ids recur
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
+        model_dir = state.model.model_dir
+        self.chat = ChatRoute(self, state.chat_template or find_chat_template(model_dir), special_tokens(model_dir))
 
     def prompt_ids(self, params: CompletionParams) -> tuple[list[list[int]], list[str]]:
         """-> (each prompt's ids, each prompt's echoed text: '' without echo). Tokenizer work only, so it runs off
@@ -177,13 +187,25 @@ class Api(Routes):
         return ids, [self.model.decode(p) if params.echo else "" for p in ids]
 
     def submit(self, params: CompletionParams, ids: list[list[int]]) -> Job:
+        return self._submit([CompletionRequest(tuple(p), params.max_tokens, params.sampling, params.stop,
+                                               _engine_logprobs(params.logprobs), params.ignore_eos) for p in ids])
+
+    def submit_ids(self, ids: list[int], max_tokens: int, sampling, stop: tuple[str, ...], logprobs: int | None,
+                   ignore_eos: bool, stop_ids: tuple[int, ...] = ()) -> Job:
+        """One prompt's engine request (the chat route's)."""
+        return self._submit([CompletionRequest(tuple(ids), max_tokens, sampling, stop, _engine_logprobs(logprobs),
+                                               ignore_eos, stop_ids)])
+
+    failure = staticmethod(lambda event: _failure(event))
+    dumps = staticmethod(lambda obj: _dumps(obj))
+    event_stream = staticmethod(lambda job, chunks: EventStream(job, chunks))
+
+    def _submit(self, requests: list[CompletionRequest]) -> Job:
         if self.state.stopping:
             raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down")
-        top = None if params.logprobs is None else max(params.logprobs, 1)  # the engine reports logprobs with N >= 1
         job = Job(self.engine)
         try:
-            job.submit([CompletionRequest(tuple(p), params.max_tokens, params.sampling, params.stop, top or 0,
-                                          params.ignore_eos) for p in ids])
+            job.submit(requests)
         except QueueFullError as e:
             raise ApiError(429, f"the server is busy ({e}); retry shortly", "rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
@@ -267,10 +289,12 @@ def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starl
     if state.classifier is not None:
         api = ClassifyApi(state)  # a classifier dir: /v1/classify, and /v1/completions refused
         posts = [Route("/v1/completions", api.refuse, methods=["POST"]),
+                 Route("/v1/chat/completions", api.refuse, methods=["POST"]),
                  Route("/v1/classify", api.classify, methods=["POST"])]
     else:
         api = Api(state)
         posts = [Route("/v1/completions", api.completions, methods=["POST"]),
+                 Route("/v1/chat/completions", api.chat.handle, methods=["POST"]),
                  Route("/v1/classify", api.refuse, methods=["POST"])]
     app = Starlette(
         routes=[*posts, Route("/v1/models", api.models),
@@ -285,7 +309,7 @@ def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starl
 class CountRequests:
     """ASGI middleware counting answered requests by (path, status) for /metrics."""
 
-    PATHS = ("/v1/completions", "/v1/classify", "/v1/models", "/health", "/metrics")
+    PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/classify", "/v1/models", "/health", "/metrics")
 
     def __init__(self, app, counts: Counter):
         self.app, self.counts = app, counts

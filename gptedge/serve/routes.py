@@ -39,6 +39,7 @@ class ServeState:
     classifier: object = None  # a classifier dir's runtime.classify.Classifier (then engine and model are None)
     batcher: object = None  # its classify_batcher.ClassifyBatcher
     max_examples: int = 256  # examples one /v1/classify request may hold (413 beyond)
+    chat_template: str | None = None  # `serve --chat-template FILE`: in place of the model dir's own
 
     def stop(self, grace_s: float) -> None:
         """What SIGTERM starts: in-flight work gets grace_s to finish, then is cancelled."""

@@ -33,7 +33,7 @@ import numpy as np
 from ..generation.arguments import check_bool, check_int, check_stop
 from ..errors import GptEdgeError
 from ..generation.evaluate import log_softmax
-from ..generation.generation import (PREFILL_CHUNK, STOP_CONTEXT, STOP_MAX_NEW, Generation, SequenceState,
+from ..generation.generation import (PREFILL_CHUNK, STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, Generation, SequenceState,
                                      check_prompts)
 from .metrics import EngineMetrics
 from ..model import LoadedModel
@@ -84,6 +84,7 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     logprobs: int = 0  # top-N alternatives reported per token (0: none; the chosen token's logprob always)
     ignore_eos: bool = False
+    stop_ids: tuple[int, ...] = ()  # more tokens that end it as eos does (a chat template's end of turn)
 
     def __post_init__(self) -> None:
         """Types checked here (TypeError naming the field); ranges against the model at submit()."""
@@ -97,6 +98,7 @@ class CompletionRequest:
         object.__setattr__(self, "stop", check_stop(self.stop))
         check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
         check_bool(self.ignore_eos, "ignore_eos")
+        object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
 
 
 @dataclass(frozen=True)
@@ -306,6 +308,8 @@ class Engine:
             top = {int(i): float(logp[i]) for i in best[np.argsort(-logp[best])]}
         eos = None if req.ignore_eos else self.model.manifest.eos_id
         piece = state.take(tok, eos, req.max_new_tokens, self.model.manifest.shape.context_length)
+        if not req.ignore_eos and tok in req.stop_ids and state.result.stop != STOP_EOS:
+            state.result.stop = STOP_EOS  # the end of a chat turn: a stop, whatever else take() found
         now = time.perf_counter()
         first = not active.last_token_at
         self.metrics.observe_token(now - (active.submitted if first else active.last_token_at), first)

@@ -1,0 +1,137 @@
+"""OpenAI's chat completions API as data: parse and check a request body, build responses and chunks.
+
+Shapes follow https://platform.openai.com/docs/api-reference/chat so the official `openai` client's
+`chat.completions.create` works unchanged (streaming or not). The sampling fields, their checks and the
+extensions (`top_k`, `repetition_penalty`, `ignore_eos`) are the completions route's (openai_schema.py).
+Not served yet, each refused in one line naming the field: `n` > 1, `tools`, `response_format` other than
+text, `logit_bias`, penalties other than 0.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.modeldir.chat_template import check_messages
+from gptedge.runtime.errors import InvalidArgumentError
+
+from .openai_schema import (DEFAULT_MAX_TOKENS, MAX_LOGPROBS, _get, _is_int, _is_number, _stop, bad,
+                            check_body_fields, usage)
+
+CHAT_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
+    "stream_options", "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user",
+    "response_format", "tools", "tool_choice", "parallel_tool_calls", "store", "metadata",
+    "top_k", "repetition_penalty", "ignore_eos", "add_generation_prompt",
+})
+
+
+@dataclass(frozen=True)
+class ChatParams:
+    model: str
+    messages: tuple[dict, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    top_logprobs: int | None = None  # None: no logprobs; N: the chosen token's and N alternatives
+    ignore_eos: bool = False
+    add_generation_prompt: bool = True
+
+
+def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
+    """A decoded JSON body -> ChatParams, or ApiError(400) naming the first bad parameter."""
+    check_body_fields(body, CHAT_FIELDS)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", "model is required (see GET /v1/models)")
+    try:
+        messages = tuple(check_messages(body.get("messages")))
+    except InvalidArgumentError as e:
+        raise bad("messages", str(e)) from None
+    for i, m in enumerate(messages):
+        if isinstance(m.get("content"), list):  # text parts only: this server reads no images or audio
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in m["content"]):
+                raise bad("messages", f"messages[{i}].content: only text parts are supported")
+            m["content"] = "".join(p["text"] for p in m["content"])
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        raise bad("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _get(body, name, DEFAULT_MAX_TOKENS, lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+    if max_tokens > max_tokens_limit:
+        raise bad(name, f"{name} is {max_tokens}; this server allows at most {max_tokens_limit}")
+    temperature = _get(body, "temperature", 1.0, lambda v: _is_number(v) and v >= 0, "a number >= 0")
+    top_p = _get(body, "top_p", 1.0, lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
+    top_k = _get(body, "top_k", 0, lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: off)")
+    penalty = _get(body, "repetition_penalty", 1.0, lambda v: _is_number(v) and v > 0, "a number > 0 (1: off)")
+    seed = _get(body, "seed", None, lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    _get(body, "n", 1, lambda v: v == 1 and _is_int(v), "1 (one choice per request)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _get(body, name, 0, lambda v: _is_number(v) and v == 0, "0 (not supported; see repetition_penalty)")
+    _get(body, "logit_bias", {}, lambda v: v == {}, "empty (not supported)")
+    _get(body, "tools", [], lambda v: v == [], "empty (tool calls are not supported)")
+    _get(body, "tool_choice", "none", lambda v: v == "none", '"none" (tool calls are not supported)')
+    _get(body, "response_format", {"type": "text"}, lambda v: v == {"type": "text"},
+         '{"type": "text"} (structured output is not supported yet)')
+    for name in ("user",):
+        _get(body, name, "", lambda v: isinstance(v, str), "a string")
+    for name in ("parallel_tool_calls", "store"):
+        _get(body, name, False, lambda v: isinstance(v, bool), "true or false")
+    _get(body, "metadata", {}, lambda v: isinstance(v, dict), "an object")
+    stream = _get(body, "stream", False, lambda v: isinstance(v, bool), "true or false")
+    options = _get(body, "stream_options", {}, lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
+                   and isinstance(v.get("include_usage", False), bool), 'an object like {"include_usage": true}')
+    if options and not stream:
+        raise bad("stream_options", "stream_options is only allowed with stream: true")
+    logprobs = _get(body, "logprobs", False, lambda v: isinstance(v, bool), "true or false")
+    top = _get(body, "top_logprobs", None, lambda v: _is_int(v) and 0 <= v <= MAX_LOGPROBS,
+               f"an integer 0..{MAX_LOGPROBS}")
+    if top is not None and not logprobs:
+        raise bad("top_logprobs", "top_logprobs needs logprobs: true")
+    return ChatParams(
+        model=model, messages=messages, max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
+                                repetition_penalty=float(penalty), seed=seed),
+        stop=_stop(body["stop"]) if body.get("stop") is not None else (), stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+        top_logprobs=(top or 0) if logprobs else None,
+        ignore_eos=_get(body, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false"),
+        add_generation_prompt=_get(body, "add_generation_prompt", True, lambda v: isinstance(v, bool),
+                                   "true or false"),
+    )
+
+
+class ChatCompletion:
+    """One chat response's identity: the id, creation time and model every chunk of it repeats."""
+
+    def __init__(self, model: str):
+        self.id, self.created, self.model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model
+
+    def _envelope(self, kind: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
+                "system_fingerprint": None}
+
+    def response(self, text: str, finish_reason: str | None, logprobs: list[dict] | None, prompt_tokens: int,
+                 completion_tokens: int) -> dict:
+        message = {"role": "assistant", "content": text, "refusal": None}
+        choice = {"index": 0, "message": message, "logprobs": None if logprobs is None else {"content": logprobs},
+                  "finish_reason": finish_reason}
+        return {**self._envelope("chat.completion", [choice]), "usage": usage(prompt_tokens, completion_tokens)}
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, logprobs: list[dict] | None = None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": None if logprobs is None else {"content": logprobs},
+                  "finish_reason": finish_reason}
+        return self._envelope("chat.completion.chunk", [choice])
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**self._envelope("chat.completion.chunk", []), "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def token_logprob(token: str, logprob: float | None, top: dict[str, float]) -> dict:
+    """One entry of a chat choice's logprobs.content (OpenAI's shape: bytes as UTF-8 integers)."""
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")),
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in top.items()]}
