@@ -148,7 +148,7 @@ class Engine:
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
         self.metrics = EngineMetrics()
-        self._tokenizer = model.tokenizer if (model.model_dir / "tokenizer.json").is_file() else None
+        self._tokenizer = model.tokenizer if model.has_tokenizer else None
         self._cond = threading.Condition()
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
