@@ -30,7 +30,6 @@ from starlette.routing import Route
 from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
                                     TokenEvent)
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.generation.generation import check_prompts
 
 from .classify_app import ClassifyApi
 from .classify_schema import generation_card
@@ -57,13 +56,9 @@ class Job:
         self.handles = []
 
     def submit(self, requests: list[CompletionRequest]) -> None:
-        """All or nothing: when one is refused (queue full, shutting down) those already queued are cancelled."""
-        try:
-            for i, r in enumerate(requests):
-                self.handles.append(self.engine.submit(r, functools.partial(self._on_event, i)))
-        except BaseException:
-            self.cancel()
-            raise
+        """All or nothing (the engine's submit_all): each is checked, then queued; a refusal queues none."""
+        self.handles = self.engine.submit_all(requests, [functools.partial(self._on_event, i)
+                                                         for i in range(len(requests))])
 
     def _on_event(self, index: int, event: TokenEvent) -> None:  # on the engine thread
         try:
@@ -164,17 +159,14 @@ class Api(Routes):
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
 
-    def prompt_ids(self, params: CompletionParams) -> tuple[list[list[int]], list[str]]:
-        """-> (each prompt's ids, each prompt's echoed text: '' without echo). Tokenizer work only, so it runs off
-        the event loop: the echo's decode as much as the prompt's encode."""
-        ids = [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
-        try:
-            check_prompts(ids, params.max_tokens, self.context, self.model.manifest.shape.vocab_size)
-        except PromptTooLongError as e:
-            raise ApiError(400, f"{e}; shorten the prompt", param="prompt", code="context_length_exceeded") from None
-        except InvalidArgumentError as e:
-            raise ApiError(400, str(e), param="prompt") from None
-        return ids, [self.model.decode(p) if params.echo else "" for p in ids]
+    def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
+        """Each prompt's ids: tokenizer work, run off the event loop. The engine checks them (submit)."""
+        return [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
+
+    def echoes(self, params: CompletionParams, ids: list[list[int]]) -> list[str]:
+        """Each prompt's echoed text ('' without echo): tokenizer work too, off the event loop, once the engine has
+        checked the ids."""
+        return [self.model.decode(p) if params.echo else "" for p in ids]
 
     def submit(self, params: CompletionParams, ids: list[list[int]]) -> Job:
         if self.state.stopping:
@@ -184,6 +176,10 @@ class Api(Routes):
         try:
             job.submit([CompletionRequest(tuple(p), params.max_tokens, params.sampling, params.stop, top or 0,
                                           params.ignore_eos) for p in ids])
+        except PromptTooLongError as e:
+            raise ApiError(400, f"{e}; shorten the prompt", param="prompt", code="context_length_exceeded") from None
+        except InvalidArgumentError as e:
+            raise ApiError(400, str(e), param="prompt") from None
         except QueueFullError as e:
             raise ApiError(429, f"the server is busy ({e}); retry shortly", "rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
@@ -202,9 +198,14 @@ class Api(Routes):
         del body
         self.check_model(params.model)
         check_prompt_bytes(params.prompts, self.max_prompt_bytes)
-        ids, echoes = await run_in_threadpool(self.prompt_ids, params)  # tokenizer work: off the event loop
+        ids = await run_in_threadpool(self.prompt_ids, params)  # tokenizer work: off the event loop
+        job = self.submit(params, ids)  # the engine checks every prompt, then queues them all (or none)
+        try:
+            echoes = await run_in_threadpool(self.echoes, params, ids)
+        except BaseException:  # the client left while the echo decoded: nobody reads this job
+            job.cancel()
+            raise
         choices = [ChoiceState(echo, Logprobs() if params.logprobs is not None else None) for echo in echoes]
-        job = self.submit(params, ids)
         out = Completion(self.state.name)
         if params.stream:
             return EventStream(job, functools.partial(self.stream_chunks, job, params, choices, out, ids))

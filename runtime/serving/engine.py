@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -169,6 +169,28 @@ class Engine:
 
         on_event is called on the engine thread with each TokenEvent; should it raise, this request ends
         (cancelled at the next step, the error logged) and every other request goes on."""
+        return self.submit_all([request], [on_event])[0]
+
+    def submit_all(self, requests: Sequence[CompletionRequest],
+                   on_events: Sequence[Callable[[TokenEvent], None]]) -> list[RequestHandle]:
+        """Queue several requests (one HTTP request's prompts), all or nothing: every one is checked before any
+        is queued (the engine is the one place a request is validated), and when one is refused (queue full,
+        shutting down) those already queued are cancelled before the error is raised."""
+        if len(requests) != len(on_events):
+            raise TypeError(f"submit_all() takes one on_event per request, got {len(on_events)} for {len(requests)}")
+        states = [self._checked(r, e) for r, e in zip(requests, on_events)]
+        handles: list[RequestHandle] = []
+        try:
+            for request, on_event, state in zip(requests, on_events, states):
+                handles.append(self._queue(request, on_event, state))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return handles
+
+    def _checked(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None]) -> SequenceState:
+        """A request's checks -> its fresh SequenceState; raises on the first problem."""
         if not isinstance(request, CompletionRequest):
             raise TypeError(f"submit() takes a CompletionRequest, got {type(request).__name__}")
         if not callable(on_event):
@@ -176,8 +198,11 @@ class Engine:
         m = self.model.manifest
         check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
         stream = TextStream(self._tokenizer, request.stop) if self._tokenizer is not None else None
-        state = SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
-                              np.random.default_rng(request.sampling.seed), list(request.prompt_ids))
+        return SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
+                             np.random.default_rng(request.sampling.seed), list(request.prompt_ids))
+
+    def _queue(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None],
+               state: SequenceState) -> RequestHandle:
         with self._cond:
             if not self._accepting:
                 raise EngineStoppedError("the server is shutting down")
