@@ -24,7 +24,8 @@ from .checks.integrity import open_checked_session
 from .errors import InvalidArgumentError, ModelDirError
 from .generation.arguments import check_bool, check_ids, check_options, check_stop, check_text
 from .generation.beam_search import BeamOptions, BeamResult, beam_search
-from .generation.generation import PREFILL_CHUNK, Generation, run_generation
+from .generation.generation import Generation, run_generation
+from .generation.generation_options import PREFILL_CHUNK
 from .generation.sampling import SamplingParams
 from .graphs.graph_variant import GraphVariant, variant_for
 from .graphs.session import SessionConfig, import_onnxruntime

@@ -26,12 +26,11 @@ from pathlib import Path
 import click
 
 from gptedge import runtime
+from gptedge.runtime.generation.generation_options import PREFILL_CHUNK  # plain Python: light at --help
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
-from gptedge.sample import sample_model_dir
-
 from gptedge.runtime.serving.classify_batcher import ClassifyBatcher  # threading only: light at --help
-from gptedge.serve.options import (MAX_BATCH, MAX_PREFILL_BUDGET, MAX_QUEUE, PREFILL_BUDGET, Seconds, classify_options,
-                                   limit_options)
+from gptedge.sample import sample_model_dir
+from gptedge.serve.options import MAX_BATCH, MAX_PREFILL_CHUNK, MAX_QUEUE, Seconds, classify_options, limit_options
 from gptedge.serve.options import api_key as api_key_check
 from gptedge.serve.options import model_name as model_name_check
 
@@ -66,7 +65,7 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--port", default=8000, show_default=True, type=count(0, 65535),
               help="0: any free port (printed on stderr).")
 @click.option("--max-batch", default=8, show_default=True, type=count(1, MAX_BATCH), help="Sequences decoded together.")
-@click.option("--prefill-budget", default=PREFILL_BUDGET, show_default=True, type=count(1, MAX_PREFILL_BUDGET),
+@click.option("--prefill-budget", default=PREFILL_CHUNK, show_default=True, type=count(1, MAX_PREFILL_CHUNK),
               help="Prompt positions (padding counted) one prefill run may take between two decode steps: "
                    "newcomers whose prompts fit are prefilled together, a longer prompt in chunks. Smaller: "
                    "running streams stall less; larger: a burst's first tokens come sooner.")

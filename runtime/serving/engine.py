@@ -30,16 +30,16 @@ from enum import Enum
 
 import numpy as np
 
-from ..generation.arguments import check_bool, check_int, check_stop
 from ..errors import GptEdgeError
+from ..generation.arguments import check_bool, check_int, check_stop
 from ..generation.evaluate import log_softmax
-from ..generation.generation import (PREFILL_CHUNK, STOP_CONTEXT, STOP_MAX_NEW, Generation, SequenceState,
-                                     check_prompts)
-from .metrics import EngineMetrics
-from ..model import LoadedModel
+from ..generation.generation import STOP_CONTEXT, STOP_MAX_NEW, Generation, SequenceState, check_prompts
+from ..generation.generation_options import PREFILL_CHUNK
 from ..generation.sampling import SamplingParams, select_token
 from ..generation.text_stream import TextStream
 from ..graphs.sequence_pool import pool_for
+from ..model import LoadedModel
+from .metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 
