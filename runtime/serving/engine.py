@@ -5,7 +5,8 @@ decode step of the running batch, so a running row waits at most one prefill run
 `prefill_chunk` prompt positions, padding counted) between two tokens. The run prefills together as
 many newcomers as have rows and fit the budget (k prompts padded to the longest: k x longest <=
 prefill_chunk; a burst of short prompts costs one run, not one each), or the next chunk of one
-prompt too long for the budget alone. Newcomers join the running batch at the step boundary; a
+prompt too long for the budget alone: admission.plan_prefill decides which, as plain data (no model
+needed to test it), and this module carries the plan out. Newcomers join the running batch at the step boundary; a
 sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes
 every joined sequence at once through the graph variant's sequence pool. Token selection, stop
 handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets
@@ -39,6 +40,7 @@ from ..generation.sampling import SamplingParams, select_token
 from ..generation.text_stream import TextStream
 from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
+from .admission import PrefillPlan, plan_prefill
 from .metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
@@ -258,13 +260,11 @@ class Engine:
         return self._deadline is not None and time.perf_counter() >= self._deadline
 
     def _prefill_turn(self) -> None:
-        """One prefill run: a group of newcomers whose prompts fit the budget together, else the next chunk
-        of one long prompt (started here when it heads the queue)."""
-        if self._prefilling is None:
-            group = self._take_group()
-            if not group:
-                return
-            if len(group) > 1 or len(group[0].request.prompt_ids) <= (self.prefill_chunk or np.inf):
+        """One prefill run, as admission.plan_prefill decides: a group of newcomers whose prompts fit the budget
+        together, else the next chunk of one long prompt (started here when it heads the queue)."""
+        plan, group = self._admit()
+        if group:
+            if not plan.chunked:
                 self._group = group
                 logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group])
                 self._group = []
@@ -273,6 +273,8 @@ class Engine:
                 return
             active = group[0]
             self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
+        if not plan.chunked:
+            return
         active, runs = self._prefilling
         try:
             next(runs)
@@ -282,23 +284,19 @@ class Engine:
         self._prefilling = None
         self._joined(active, logits)
 
-    def _take_group(self) -> list[_Active]:
-        """Newcomers off the queue's head while rows are free and k x longest prompt <= prefill_chunk
-        (at least one: a prompt longer than the budget alone is prefilled in chunks)."""
-        group: list[_Active] = []
-        longest = 0
+    def _admit(self) -> tuple[PrefillPlan, list[_Active]]:
+        """This turn's plan, and the newcomers it admits taken off the queue's head (now prefilling)."""
+        if self._prefilling is not None:  # the engine thread's own state: the queue is not read, no lock needed
+            return plan_prefill(True, (), len(self._running), self.max_batch, self.prefill_chunk), []
         with self._cond:
-            while self._waiting and len(self._running) + len(group) < self.max_batch:
-                length = max(longest, len(self._waiting[0].request.prompt_ids))
-                if group and self.prefill_chunk is not None and length * (len(group) + 1) > self.prefill_chunk:
-                    break
-                group.append(self._waiting.popleft())
-                longest = length
+            plan = plan_prefill(False, (len(a.request.prompt_ids) for a in self._waiting), len(self._running),
+                                self.max_batch, self.prefill_chunk)
+            group = [self._waiting.popleft() for _ in range(plan.admit)]
             self.metrics.queue_depth = len(self._waiting)
         for active in group:
             self.metrics.tokens_in += len(active.request.prompt_ids)
             active.status = RequestState.PREFILLING
-        return group
+        return plan, group
 
     def _joined(self, active: _Active, logits: np.ndarray) -> None:
         """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
