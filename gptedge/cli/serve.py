@@ -127,8 +127,7 @@ def _serve_classifier(uvicorn, app, model: str, name: str, host: str, port: int,
     clf = runtime.load_classifier(model, device=device, session=runtime.SessionConfig(threads=threads))
     sock = _listen(host, port)
     batcher = ClassifyBatcher(clf, max_rows=max_rows, max_queue=max_queue, wait_s=batch_wait).start()
-    state = app.ServeState(None, None, name, 0, api_key or None, limits=limits, classifier=clf, batcher=batcher,
-                           max_examples=max_examples)
+    state = app.ServeState(app.Classifying(clf, batcher, max_examples), name, api_key or None, limits=limits)
     diag(f"loaded {model} ({clf.manifest.precision}, {clf.task.name} classifier) in {clf.load_s:.2f}s on "
          f"{', '.join(clf.providers)}")
     _serve(uvicorn, app, state, sock, host, api_key, shutdown_timeout, limits, (),
@@ -168,7 +167,7 @@ def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_
 
     sock = _listen(host, port)
     engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget).start()
-    state = app.ServeState(engine, loaded, name, max_tokens, api_key or None, limits=limits)
+    state = app.ServeState(app.Generating(engine, loaded, max_tokens), name, api_key or None, limits=limits)
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     bound = sock.getsockname()
     diag(f"playground: http://{bound[0]}:{bound[1]}/ (in this browser: {unavailable or 'yes'})")

@@ -27,18 +27,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
-                                    TokenEvent)
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
+from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason,
+                                            QueueFullError, TokenEvent)
 
 from .classify_app import ClassifyApi
 from .classify_schema import generation_card
 from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
-from .routes import RETRY_AFTER_S, Routes, ServeState, _wait_disconnect
+from .routes import RETRY_AFTER_S, Classifying, Generating, Routes, ServeState, _wait_disconnect
 
-__all__ = ["RETRY_AFTER_S", "ServeState", "create_app"]  # the first two live in routes.py; callers import them here
+# RETRY_AFTER_S and the state classes live in routes.py; callers import them here
+__all__ = ["RETRY_AFTER_S", "Classifying", "Generating", "ServeState", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +151,12 @@ class Api(Routes):
 
     def __init__(self, state: ServeState):
         super().__init__(state)
-        self.model, self.engine = state.model, state.engine
-        self.context = state.model.manifest.shape.context_length
-        tokenizer = state.model.tokenizer
+        served: Generating = state.served
+        self.model, self.engine, self.max_tokens_limit = served.model, served.engine, served.max_tokens_limit
+        self.context = self.model.manifest.shape.context_length
+        tokenizer = self.model.tokenizer
         # no text longer than this fits the context: each token covers at most the longest token's bytes
-        self.max_prompt_bytes = self.context * longest_token_bytes(tokenizer, state.model.manifest.shape.vocab_size)
+        self.max_prompt_bytes = self.context * longest_token_bytes(tokenizer, self.model.manifest.shape.vocab_size)
         # a token's own text, for logprobs: cached, the same ids recur
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
@@ -194,7 +196,7 @@ class Api(Routes):
         limits = self.state.limits
         body = await read_body(request.receive, request.headers, limits, lambda: self.state.stopping,
                                self.state.dropped)
-        params = parse_completion_request(parse_json(body, limits), self.state.max_tokens_limit)
+        params = parse_completion_request(parse_json(body, limits), self.max_tokens_limit)
         del body
         self.check_model(params.model)
         check_prompt_bytes(params.prompts, self.max_prompt_bytes)
@@ -265,7 +267,7 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starlette:
     """The API's routes, then `extra_routes` (the playground page: serve/playground.py)."""
-    if state.classifier is not None:
+    if isinstance(state.served, Classifying):
         api = ClassifyApi(state)  # a classifier dir: /v1/classify, and /v1/completions refused
         posts = [Route("/v1/completions", api.refuse, methods=["POST"]),
                  Route("/v1/classify", api.classify, methods=["POST"])]
