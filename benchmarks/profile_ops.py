@@ -13,7 +13,7 @@ import tempfile
 
 from gptedge.measure.bench import bench_prompts
 from gptedge.runtime import SessionConfig, load
-from gptedge.runtime.generation.generation import PREFILL_CHUNK
+from gptedge.runtime.generation.generation_options import PREFILL_CHUNK
 
 
 def main() -> None:

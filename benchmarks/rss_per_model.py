@@ -37,7 +37,7 @@ def main() -> None:
                               "--repeat", "1", "--threads", str(args.threads), "--json"],
                              check=True, capture_output=True, text=True)
         rss = json.loads(out.stdout)["rows"][0]["peak_rss_mb"]  # MiB: ru_maxrss in KiB / 1024
-        size = graph_size(model, read_manifest(model).model_file) / 2**20
+        size = graph_size(model, read_manifest(model)) / 2**20
         print(f"| {model.name} | {size:.1f} | {rss:.0f} | {rss / size:.2f}x |")
 
 

@@ -242,7 +242,7 @@ def bench_model(model: Path, args, in_process: bool = True) -> dict:
         loaded.generate(prompts[0], 8, greedy=True, ignore_eos=True)  # warm-up
         solo = [loaded.generate(p, args.new, greedy=True, ignore_eos=True).tokens_per_s for p in prompts[:3]]
         del loaded
-    size_mib = graph_size(model, manifest.model_file) / 2**20
+    size_mib = graph_size(model, manifest) / 2**20
 
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(model, args.threads, args.max_batch, Path(tmp) / "serve.log",

@@ -24,14 +24,15 @@ from .checks.integrity import open_checked_session
 from .errors import InvalidArgumentError, ModelDirError
 from .generation.arguments import check_bool, check_ids, check_options, check_stop, check_text
 from .generation.beam_search import BeamOptions, BeamResult, beam_search
-from .generation.generation import PREFILL_CHUNK, Generation, run_generation
+from .generation.generation import Generation, run_generation
+from .generation.generation_options import PREFILL_CHUNK
 from .generation.sampling import SamplingParams
 from .graphs.graph_variant import GraphVariant, variant_for
 from .graphs.cuda_graph import decode_graph_bytes
 from .graphs.session import SessionConfig, import_onnxruntime, make_session
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .modeldir.tasks import article
-from .modeldir.tokenizer import TOKENIZER_FILE, decode, encode, load_tokenizer
+from .modeldir.tokenizer import decode, encode, has_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,11 @@ class LoadedModel:
 
     # -- text ----------------------------------------------------------------------------------------
     @property
+    def has_tokenizer(self) -> bool:
+        """Whether this dir holds a tokenizer: without one, text in or out is refused and generation gives ids."""
+        return has_tokenizer(self.model_dir)
+
+    @property
     def tokenizer(self):
         with self._tokenizer_lock:
             if self._tokenizer is None:
@@ -130,7 +136,7 @@ class LoadedModel:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
             raise TypeError(f"generate_batch() takes a list of prompts, got {type(prompts).__name__}")
         if with_text is None:
-            with_text = any(isinstance(p, str) for p in prompts) or (self.model_dir / TOKENIZER_FILE).is_file()
+            with_text = any(isinstance(p, str) for p in prompts) or self.has_tokenizer
         with_text = check_bool(with_text, "with_text")
         gen = self._generation(prompts, max_new_tokens, stop, with_text, ignore_eos, prefill_chunk,
                                sampling_params(sampling, fields))
@@ -157,7 +163,7 @@ class LoadedModel:
         pad = m.pad_id if m.pad_id is not None else (m.eos_id or 0)
         results = beam_search(self.variant, ids, max_new_tokens, m.shape.context_length, m.eos_id, pad, options,
                               prefill_chunk)
-        if (self.model_dir / TOKENIZER_FILE).is_file():
+        if self.has_tokenizer:
             for r in results:
                 r.texts = [self.decode(s) for s in r.sequences]
         return results

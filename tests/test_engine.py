@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation.sampling import SamplingParams
 from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason, QueueFullError
 
@@ -111,6 +112,26 @@ def test_queue_full_and_shutdown(gpt2_loaded):
         engine.submit(CompletionRequest(ids, 5), Collector())
     engine.stop(grace_s=0)  # never started: the queued request is cancelled, not lost
     assert first.finished(0) and first.last.finish_reason is FinishReason.CANCELLED and first.last.generation.ids == []
+
+
+def test_submit_all_checks_every_request_before_queueing_any(gpt2_loaded):
+    """One HTTP request's prompts: the engine is their one validator, and a refusal leaves nothing behind."""
+    engine = Engine(gpt2_loaded, max_batch=1, max_queue=2)  # not started: nothing leaves the queue
+    ids = tuple(gpt2_loaded.encode("Hi"))
+    vocab = gpt2_loaded.manifest.shape.vocab_size
+    with pytest.raises(InvalidArgumentError, match=f"token id {vocab} is outside the vocabulary"):
+        engine.submit_all([CompletionRequest(ids, 5), CompletionRequest((1, vocab), 5)], [Collector(), Collector()])
+    with pytest.raises(PromptTooLongError):
+        engine.submit_all([CompletionRequest(ids, 5), CompletionRequest((1,) * 10_000, 5)], [Collector(), Collector()])
+    assert engine.busy == 0  # checked first: nothing was queued
+    queued = [Collector(), Collector()]
+    with pytest.raises(QueueFullError, match="max-queue 2"):
+        engine.submit_all([CompletionRequest(ids, 5)] * 3, [*queued, Collector()])
+    engine.start()  # the two queued before the refusal were cancelled with it: they end at once, no token made
+    assert all(c.finished() and c.last.finish_reason is FinishReason.CANCELLED and c.last.generation.ids == []
+               for c in queued)
+    wait_until(lambda: engine.busy == 0)
+    engine.stop(grace_s=0)
 
 
 def test_stop_cancels_what_runs_past_the_grace_period(gpt2_loaded):

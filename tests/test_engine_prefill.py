@@ -3,10 +3,15 @@ never waits more than one prefill run of at most the budget between two of its t
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
-from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason
+from gptedge.cli.serve import serve
+from gptedge.runtime.generation.generation_options import PREFILL_CHUNK
 from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.model import LoadedModel
+from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason
 from .test_engine import Collector
 
 
@@ -56,6 +61,15 @@ def _run(model, requests, budget, max_batch=8, fail_groups=False):
         assert c.finished()
     engine.stop(grace_s=1)
     return got, engine.pool.runs
+
+
+def test_the_prefill_budget_is_one_concept_with_one_default():
+    """generate's prefill_chunk, the engine's, and `gptedge serve --prefill-budget` are one setting: one default."""
+    budget = next(p for p in serve.params if p.name == "prefill_budget")
+    defaults = {budget.default, inspect.signature(Engine).parameters["prefill_chunk"].default,
+                *(inspect.signature(getattr(LoadedModel, m)).parameters["prefill_chunk"].default
+                  for m in ("generate_batch", "beam_search", "stream"))}
+    assert defaults == {PREFILL_CHUNK}
 
 
 @pytest.mark.parametrize("graph", ["standard", "kv_buffer"])

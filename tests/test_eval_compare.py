@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,8 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from gptedge.cli import main
-from gptedge.runtime.generation.evaluate import perplexity, sliding_windows
+from gptedge.measure.compare import graph_size
 from gptedge.runtime.errors import InvalidArgumentError
+from gptedge.runtime.generation.evaluate import perplexity, sliding_windows
+from gptedge.runtime.modeldir.manifest import read_manifest
+from gptedge.runtime.modeldir.model_files import FileRecord
 
 from .conftest import EXCERPT, reference_perplexity
 
@@ -85,6 +89,17 @@ def test_compare_cli_table_json_markdown_plot(gpt2_model_dir, tmp_path):
     assert [line.split(" | ")[1] for line in table_rows] == ["fp32", "dynamic"]
     assert (tmp_path / "c.md").read_text(encoding="utf-8") == result.stdout
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_size_column_is_the_manifests_record_of_the_graph(gpt2_model_dir):
+    """compare's size: the graph and its external data as recorded (whatever the data file is named), never the
+    tokenizer; an older manifest without records falls back to the files on disk, the same figure."""
+    manifest = read_manifest(gpt2_model_dir)
+    on_disk = sum((gpt2_model_dir / r.path).stat().st_size for r in manifest.files if r.path != "tokenizer.json")
+    assert graph_size(gpt2_model_dir, manifest) == on_disk
+    assert graph_size(gpt2_model_dir, dataclasses.replace(manifest, files=())) == on_disk
+    renamed = dataclasses.replace(manifest, files=(*manifest.files, FileRecord("weights.bin", 1000, "0" * 64)))
+    assert graph_size(gpt2_model_dir, renamed) == on_disk + 1000
 
 
 def test_compare_bad_text(gpt2_model_dir, tmp_path):

@@ -145,7 +145,7 @@ def test_errors_models_and_health_are_gptedge_serve_s(main_app, solo):
     from starlette.testclient import TestClient
 
     from gptedge.runtime.serving.engine import Engine
-    from gptedge.serve.app import ServeState, create_app
+    from gptedge.serve.app import Generating, ServeState, create_app
 
     auth = {"Authorization": f"Bearer {KEY}"}
     body = {"model": NAME, "prompt": "Hello", "max_tokens": 4}
@@ -166,7 +166,7 @@ def test_errors_models_and_health_are_gptedge_serve_s(main_app, solo):
     ]
     engine = Engine(solo, max_batch=8, max_queue=64).start()
     try:
-        direct = TestClient(create_app(ServeState(engine, solo, NAME, CONTEXT, KEY)))
+        direct = TestClient(create_app(ServeState(Generating(engine, solo, CONTEXT), NAME, KEY)))
         for method, path, payload, headers in requests:
             kw = {"content": payload} if isinstance(payload, bytes) else {"json": payload} if payload else {}
             d = direct.request(method, path, headers=headers, **kw)

@@ -16,7 +16,7 @@ pytest.importorskip("httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
 from gptedge.runtime.serving.engine import Engine  # noqa: E402
-from gptedge.serve.app import RETRY_AFTER_S, ServeState, create_app  # noqa: E402
+from gptedge.serve.app import RETRY_AFTER_S, Generating, ServeState, create_app  # noqa: E402
 
 KEY = "secret-key"
 NAME = "tiny"
@@ -24,16 +24,16 @@ NAME = "tiny"
 
 def serving(model, api_key=KEY, **engine_options):
     engine = Engine(model, **{"max_batch": 2, "max_queue": 8, **engine_options})
-    state = ServeState(engine, model, NAME, max_tokens_limit=64, api_key=api_key)
+    state = ServeState(Generating(engine, model, max_tokens_limit=64), NAME, api_key=api_key)
     return state, TestClient(create_app(state), raise_server_exceptions=False)
 
 
 @pytest.fixture(scope="module")
 def app(gpt2_loaded):
     state, client = serving(gpt2_loaded)
-    state.engine.start()
+    state.served.engine.start()
     yield state, client
-    state.engine.stop(grace_s=1)
+    state.served.engine.stop(grace_s=1)
 
 
 def post(client, body, key=KEY, **kw):
@@ -234,6 +234,6 @@ def test_busy_stopping_and_stopped_servers(gpt2_loaded):
     e = error(post(client, {"prompt": "Hi"}), 503)
     assert (e["code"], e["message"]) == ("shutting_down", "the server is shutting down")
     state, client = serving(gpt2_loaded)
-    state.engine.start().stop(grace_s=0)
+    state.served.engine.start().stop(grace_s=0)
     e = error(post(client, {"prompt": "Hi"}), 503)
     assert (e["code"], e["type"], e["message"]) == ("shutting_down", "server_error", "the server is shutting down")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gptedge.export.tokenizer_files import byte_level_bpe, write_tokenizer
-from gptedge.runtime.modeldir.tokenizer import decode, encode, load_tokenizer
+from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE, decode, encode, has_tokenizer, load_tokenizer
 
 from .conftest import GPT2_TOKENIZER, copy_gpt2_tokenizer
 
@@ -56,3 +56,14 @@ def test_tokenizer_larger_than_vocabulary_is_refused(tmp_path):
     copy_gpt2_tokenizer(src)
     with pytest.raises(CheckpointError, match="50257 tokens but the model's vocabulary is 1000"):
         write_tokenizer(src, out, vocab_size=1000)
+
+
+def test_has_tokenizer_is_the_one_test_of_a_tokenizer_file(tmp_path):
+    """load, generate's with_text default, beam texts, the engine's text stream, the file records and GenAI's readiness
+    all ask has_tokenizer: a file named tokenizer.json, not a folder of that name."""
+    assert not has_tokenizer(tmp_path)
+    (tmp_path / TOKENIZER_FILE).mkdir()
+    assert not has_tokenizer(str(tmp_path))
+    (tmp_path / TOKENIZER_FILE).rmdir()
+    (tmp_path / TOKENIZER_FILE).write_text("{}")
+    assert has_tokenizer(tmp_path) and has_tokenizer(str(tmp_path))

@@ -26,13 +26,12 @@ from pathlib import Path
 import click
 
 from gptedge import runtime
+from gptedge.runtime.generation.generation_options import PREFILL_CHUNK  # plain Python: light at --help
 from gptedge.runtime.modeldir.chat_template import ChatTemplateError, render_chat
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
-from gptedge.sample import sample_model_dir
-
 from gptedge.runtime.serving.classify_batcher import ClassifyBatcher  # threading only: light at --help
-from gptedge.serve.options import (MAX_BATCH, MAX_PREFILL_BUDGET, MAX_QUEUE, PREFILL_BUDGET, Seconds, classify_options,
-                                   limit_options)
+from gptedge.sample import sample_model_dir
+from gptedge.serve.options import MAX_BATCH, MAX_PREFILL_CHUNK, MAX_QUEUE, Seconds, classify_options, limit_options
 from gptedge.serve.options import api_key as api_key_check
 from gptedge.serve.options import model_name as model_name_check
 
@@ -67,7 +66,7 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--port", default=8000, show_default=True, type=count(0, 65535),
               help="0: any free port (printed on stderr).")
 @click.option("--max-batch", default=8, show_default=True, type=count(1, MAX_BATCH), help="Sequences decoded together.")
-@click.option("--prefill-budget", default=PREFILL_BUDGET, show_default=True, type=count(1, MAX_PREFILL_BUDGET),
+@click.option("--prefill-budget", default=PREFILL_CHUNK, show_default=True, type=count(1, MAX_PREFILL_CHUNK),
               help="Prompt positions (padding counted) one prefill run may take between two decode steps: "
                    "newcomers whose prompts fit are prefilled together, a longer prompt in chunks. Smaller: "
                    "running streams stall less; larger: a burst's first tokens come sooner.")
@@ -147,8 +146,7 @@ def _serve_classifier(uvicorn, app, model: str, name: str, host: str, port: int,
     clf = runtime.load_classifier(model, device=device, session=runtime.SessionConfig(threads=threads))
     sock = _listen(host, port)
     batcher = ClassifyBatcher(clf, max_rows=max_rows, max_queue=max_queue, wait_s=batch_wait).start()
-    state = app.ServeState(None, None, name, 0, api_key or None, limits=limits, classifier=clf, batcher=batcher,
-                           max_examples=max_examples)
+    state = app.ServeState(app.Classifying(clf, batcher, max_examples), name, api_key or None, limits=limits)
     diag(f"loaded {model} ({clf.manifest.precision}, {clf.task.name} classifier) in {clf.load_s:.2f}s on "
          f"{', '.join(clf.providers)}")
     _serve(uvicorn, app, state, sock, host, api_key, shutdown_timeout, limits, (),
@@ -188,8 +186,8 @@ def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_
 
     sock = _listen(host, port)
     engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget).start()
-    state = app.ServeState(engine, loaded, name, max_tokens, api_key or None, limits=limits,
-                           chat_template=chat_template)
+    state = app.ServeState(app.Generating(engine, loaded, max_tokens, chat_template), name, api_key or None,
+                           limits=limits)
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     bound = sock.getsockname()
     diag(f"playground: http://{bound[0]}:{bound[1]}/ (in this browser: {unavailable or 'yes'})")

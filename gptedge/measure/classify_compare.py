@@ -168,7 +168,7 @@ def compare_classifiers(classifiers: Sequence[Classifier], labelled: LabelledSet
         q = m.quantization
         rows.append(ClassifierRow(
             model=str(clf.model_dir), task=m.task.name, precision=m.precision, method=q.label if q else m.precision,
-            size_bytes=graph_size(clf.model_dir, m.model_file), examples=len(gold),
+            size_bytes=graph_size(clf.model_dir, m), examples=len(gold),
             accuracy=float((top == gold).mean()), agreement=float((top == ref_top).mean()),
             kl=float(np.mean(kl)), examples_per_s_batch1=speeds[0], examples_per_s_batch32=speeds[1],
             labels=list(names), confusion=confusion.tolist()))

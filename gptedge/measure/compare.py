@@ -22,6 +22,7 @@ import numpy as np
 
 from gptedge.runtime.errors import InvalidArgumentError, PeerError
 from gptedge.runtime.generation.evaluate import Progress, Window, log_softmax, sliding_windows, window_logits
+from gptedge.runtime.modeldir.manifest import Manifest
 
 from .frontier import dominators
 
@@ -51,9 +52,13 @@ class CompareRow:
         return asdict(self)
 
 
-def graph_size(model_dir: Path, model_file: str) -> int:
-    """Bytes of the graph and its external data, as shipped (tokenizer and JSON not counted)."""
-    main = Path(model_dir) / model_file
+def graph_size(model_dir: Path, manifest: Manifest) -> int:
+    """Bytes of the graph and its external data, as shipped (tokenizer and JSON not counted): the manifest's
+    records (load has checked them against the files); an older manifest records none, so its graph and a
+    `.data` beside it are measured on disk."""
+    if manifest.graph_bytes is not None:
+        return manifest.graph_bytes
+    main = Path(model_dir) / manifest.model_file
     data = main.with_name(main.name + ".data")
     return main.stat().st_size + (data.stat().st_size if data.exists() else 0)
 
@@ -155,7 +160,7 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
         result.append(CompareRow(
             model=str(m.model_dir), precision=m.manifest.precision,
             method=q.label if q else ("imported" if m.manifest.source.imported_from else m.manifest.precision),
-            size_bytes=graph_size(m.model_dir, m.manifest.model_file), **figures(i, outs)))
+            size_bytes=graph_size(m.model_dir, m.manifest), **figures(i, outs)))
     for i, p in enumerate(peers, start=n_models):
         outs = [p.greedy(list(g), new_tokens, ref.manifest.eos_id) for g in greedy]
         info = p.info

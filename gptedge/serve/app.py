@@ -27,12 +27,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason, QueueFullError,
-                                    TokenEvent)
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.generation.generation import check_prompts
-
 from gptedge.runtime.modeldir.chat_template import find_chat_template, special_tokens
+from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason,
+                                            QueueFullError, TokenEvent)
 
 from .chat_app import ChatRoute
 from .classify_app import ClassifyApi
@@ -40,9 +38,10 @@ from .classify_schema import generation_card
 from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
-from .routes import RETRY_AFTER_S, Routes, ServeState, _wait_disconnect
+from .routes import RETRY_AFTER_S, Classifying, Generating, Routes, ServeState, _wait_disconnect
 
-__all__ = ["RETRY_AFTER_S", "ServeState", "create_app"]  # the first two live in routes.py; callers import them here
+# RETRY_AFTER_S and the state classes live in routes.py; callers import them here
+__all__ = ["RETRY_AFTER_S", "Classifying", "Generating", "ServeState", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +59,9 @@ class Job:
         self.handles = []
 
     def submit(self, requests: list[CompletionRequest]) -> None:
-        """All or nothing: when one is refused (queue full, shutting down) those already queued are cancelled."""
-        try:
-            for i, r in enumerate(requests):
-                self.handles.append(self.engine.submit(r, functools.partial(self._on_event, i)))
-        except BaseException:
-            self.cancel()
-            raise
+        """All or nothing (the engine's submit_all): each is checked, then queued; a refusal queues none."""
+        self.handles = self.engine.submit_all(requests, [functools.partial(self._on_event, i)
+                                                         for i in range(len(requests))])
 
     def _on_event(self, index: int, event: TokenEvent) -> None:  # on the engine thread
         try:
@@ -163,28 +158,26 @@ class Api(Routes):
 
     def __init__(self, state: ServeState):
         super().__init__(state)
-        self.model, self.engine = state.model, state.engine
-        self.context = state.model.manifest.shape.context_length
-        tokenizer = state.model.tokenizer
+        served: Generating = state.served
+        self.model, self.engine, self.max_tokens_limit = served.model, served.engine, served.max_tokens_limit
+        self.context = self.model.manifest.shape.context_length
+        tokenizer = self.model.tokenizer
         # no text longer than this fits the context: each token covers at most the longest token's bytes
-        self.max_prompt_bytes = self.context * longest_token_bytes(tokenizer, state.model.manifest.shape.vocab_size)
+        self.max_prompt_bytes = self.context * longest_token_bytes(tokenizer, self.model.manifest.shape.vocab_size)
         # a token's own text, for logprobs: cached, the same ids recur
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
-        model_dir = state.model.model_dir
-        self.chat = ChatRoute(self, state.chat_template or find_chat_template(model_dir), special_tokens(model_dir))
+        model_dir = self.model.model_dir
+        self.chat = ChatRoute(self, served.chat_template or find_chat_template(model_dir), special_tokens(model_dir))
 
-    def prompt_ids(self, params: CompletionParams) -> tuple[list[list[int]], list[str]]:
-        """-> (each prompt's ids, each prompt's echoed text: '' without echo). Tokenizer work only, so it runs off
-        the event loop: the echo's decode as much as the prompt's encode."""
-        ids = [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
-        try:
-            check_prompts(ids, params.max_tokens, self.context, self.model.manifest.shape.vocab_size)
-        except PromptTooLongError as e:
-            raise ApiError(400, f"{e}; shorten the prompt", param="prompt", code="context_length_exceeded") from None
-        except InvalidArgumentError as e:
-            raise ApiError(400, str(e), param="prompt") from None
-        return ids, [self.model.decode(p) if params.echo else "" for p in ids]
+    def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
+        """Each prompt's ids: tokenizer work, run off the event loop. The engine checks them (submit)."""
+        return [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
+
+    def echoes(self, params: CompletionParams, ids: list[list[int]]) -> list[str]:
+        """Each prompt's echoed text ('' without echo): tokenizer work too, off the event loop, once the engine has
+        checked the ids."""
+        return [self.model.decode(p) if params.echo else "" for p in ids]
 
     def submit(self, params: CompletionParams, ids: list[list[int]]) -> Job:
         return self._submit([CompletionRequest(tuple(p), params.max_tokens, params.sampling, params.stop,
@@ -194,18 +187,24 @@ class Api(Routes):
                    ignore_eos: bool, stop_ids: tuple[int, ...] = ()) -> Job:
         """One prompt's engine request (the chat route's)."""
         return self._submit([CompletionRequest(tuple(ids), max_tokens, sampling, stop, _engine_logprobs(logprobs),
-                                               ignore_eos, stop_ids)])
+                                               ignore_eos, stop_ids)], "messages", "conversation")
 
     failure = staticmethod(lambda event: _failure(event))
     dumps = staticmethod(lambda obj: _dumps(obj))
     event_stream = staticmethod(lambda job, chunks: EventStream(job, chunks))
 
-    def _submit(self, requests: list[CompletionRequest]) -> Job:
+    def _submit(self, requests: list[CompletionRequest], param: str = "prompt", what: str = "prompt") -> Job:
+        """Queue the requests, all or none; the engine's refusals (a prompt too long, an id outside the vocabulary)
+        as 400s naming `param`."""
         if self.state.stopping:
             raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down")
         job = Job(self.engine)
         try:
             job.submit(requests)
+        except PromptTooLongError as e:
+            raise ApiError(400, f"{e}; shorten the {what}", param=param, code="context_length_exceeded") from None
+        except InvalidArgumentError as e:
+            raise ApiError(400, str(e), param=param) from None
         except QueueFullError as e:
             raise ApiError(429, f"the server is busy ({e}); retry shortly", "rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
@@ -220,13 +219,18 @@ class Api(Routes):
         limits = self.state.limits
         body = await read_body(request.receive, request.headers, limits, lambda: self.state.stopping,
                                self.state.dropped)
-        params = parse_completion_request(parse_json(body, limits), self.state.max_tokens_limit)
+        params = parse_completion_request(parse_json(body, limits), self.max_tokens_limit)
         del body
         self.check_model(params.model)
         check_prompt_bytes(params.prompts, self.max_prompt_bytes)
-        ids, echoes = await run_in_threadpool(self.prompt_ids, params)  # tokenizer work: off the event loop
+        ids = await run_in_threadpool(self.prompt_ids, params)  # tokenizer work: off the event loop
+        job = self.submit(params, ids)  # the engine checks every prompt, then queues them all (or none)
+        try:
+            echoes = await run_in_threadpool(self.echoes, params, ids)
+        except BaseException:  # the client left while the echo decoded: nobody reads this job
+            job.cancel()
+            raise
         choices = [ChoiceState(echo, Logprobs() if params.logprobs is not None else None) for echo in echoes]
-        job = self.submit(params, ids)
         out = Completion(self.state.name)
         if params.stream:
             return EventStream(job, functools.partial(self.stream_chunks, job, params, choices, out, ids))
@@ -286,7 +290,7 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(state: ServeState, extra_routes: tuple[Route, ...] = ()) -> Starlette:
     """The API's routes, then `extra_routes` (the playground page: serve/playground.py)."""
-    if state.classifier is not None:
+    if isinstance(state.served, Classifying):
         api = ClassifyApi(state)  # a classifier dir: /v1/classify, and /v1/completions refused
         posts = [Route("/v1/completions", api.refuse, methods=["POST"]),
                  Route("/v1/chat/completions", api.refuse, methods=["POST"]),

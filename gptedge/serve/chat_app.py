@@ -19,8 +19,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
-from gptedge.runtime.generation.generation import check_prompts
 from gptedge.runtime.modeldir.chat_template import ChatTemplateError, render_chat
 
 from .chat_schema import ChatCompletion, ChatParams, parse_chat_request, token_logprob
@@ -44,15 +42,7 @@ class ChatRoute:
             text = render_chat(self.template, params.messages, params.add_generation_prompt, self.tokens)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
-        ids = self.api.model.tokenizer.encode(text, add_special_tokens=False).ids
-        try:
-            check_prompts([ids], params.max_tokens, self.api.context, self.api.model.manifest.shape.vocab_size)
-        except PromptTooLongError as e:
-            raise ApiError(400, f"{e}; shorten the conversation", param="messages",
-                           code="context_length_exceeded") from None
-        except InvalidArgumentError as e:
-            raise ApiError(400, str(e), param="messages") from None
-        return ids
+        return self.api.model.tokenizer.encode(text, add_special_tokens=False).ids  # the engine checks them (submit)
 
     async def handle(self, request: Request) -> Response:
         api, state = self.api, self.api.state
@@ -60,7 +50,7 @@ class ChatRoute:
         if state.stopping:
             raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down")
         body = await read_body(request.receive, request.headers, state.limits, lambda: state.stopping, state.dropped)
-        params = parse_chat_request(parse_json(body, state.limits), state.max_tokens_limit)
+        params = parse_chat_request(parse_json(body, state.limits), api.max_tokens_limit)
         del body
         api.check_model(params.model)
         if self.template is None:

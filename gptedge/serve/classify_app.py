@@ -25,7 +25,7 @@ from gptedge.runtime.serving.classify_batcher import BatcherQueueFull, BatcherSt
 from .classify_schema import classification, describe_example, parse_classify_request, task_card, text_fields
 from .limits import ClientGone, longest_token_bytes, parse_json, read_body
 from .openai_schema import ApiError, model_card
-from .routes import RETRY_AFTER_S, Routes, ServeState, _wait_disconnect
+from .routes import RETRY_AFTER_S, Classifying, Routes, ServeState, _wait_disconnect
 
 
 def _shutting_down() -> ApiError:
@@ -35,7 +35,8 @@ def _shutting_down() -> ApiError:
 class ClassifyApi(Routes):
     def __init__(self, state: ServeState):
         super().__init__(state)
-        self.classifier, self.batcher = state.classifier, state.batcher
+        served: Classifying = state.served
+        self.classifier, self.batcher, self.max_examples = served.classifier, served.batcher, served.max_examples
         self.task = self.classifier.task
         self.context = self.classifier.manifest.shape.context_length
         self.choice = self.task.transformation.combine == COMBINE_CHOICES
@@ -79,7 +80,7 @@ class ClassifyApi(Routes):
         limits = self.state.limits
         body = await read_body(request.receive, request.headers, limits, lambda: self.state.stopping,
                                self.state.dropped)
-        params = parse_classify_request(parse_json(body, limits), self.task, self.state.max_examples)
+        params = parse_classify_request(parse_json(body, limits), self.task, self.max_examples)
         del body
         if params.model is not None:
             self.check_model(params.model)

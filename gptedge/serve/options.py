@@ -18,11 +18,7 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 
 MAX_BATCH = 256  # rows of one decode step (each a slot of the KV cache)
 MAX_QUEUE = 100_000
-# Prompt positions per prefill run between two decode steps (the engine's prefill_chunk). 256: a burst of
-# eight 32-token prompts in one run; see benchmarks/results/serve-* for what it does to first-token and
-# inter-token latency.
-PREFILL_BUDGET = 256
-MAX_PREFILL_BUDGET = 8192
+MAX_PREFILL_CHUNK = 8192  # --prefill-budget's ceiling; its default is the runtime's PREFILL_CHUNK
 MAX_SECONDS = 3600.0
 MIN_BODY = 1024  # bytes: room for any sane completion request
 MAX_BODY = 2**30

@@ -33,7 +33,7 @@ from ray import serve
 from gptedge.runtime import SessionConfig, load
 from gptedge.runtime.serving.engine import Engine
 
-from .app import ServeState, create_app
+from .app import Generating, ServeState, create_app
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,9 @@ class GptEdgeReplica:
         model.tokenizer  # fail the replica's start on a missing tokenizer, not its first request
         self.engine = Engine(model, max_batch=config.max_batch, max_queue=config.max_queue).start()
         api_key = config.api_key or os.environ.get("GPTEDGE_API_KEY") or None
-        self.state = ServeState(self.engine, model, config.served_name,
-                                config.max_tokens_limit or model.manifest.shape.context_length, api_key)
+        self.state = ServeState(Generating(self.engine, model,
+                                           config.max_tokens_limit or model.manifest.shape.context_length),
+                                config.served_name, api_key)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.node_id = ray.get_runtime_context().get_node_id()

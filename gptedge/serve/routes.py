@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from gptedge.runtime.classify import Classifier
 from gptedge.runtime.model import LoadedModel
 from gptedge.runtime.modeldir.tasks import article
+from gptedge.runtime.serving.classify_batcher import ClassifyBatcher
 from gptedge.runtime.serving.engine import Engine
 
 from .classify_schema import CLASSIFICATION
@@ -25,25 +27,45 @@ RETRY_AFTER_S = 1  # what a 429 asks a client to wait: about the time a batch ro
 
 
 @dataclass
+class Generating:
+    """What a language model's server serves: its engine runs the model; the HTTP side reads only the model's
+    tokenizer and manifest."""
+
+    engine: Engine
+    model: LoadedModel
+    max_tokens_limit: int  # the most max_tokens one completion may ask for
+    chat_template: str | None = None  # `serve --chat-template FILE`: in place of the model dir's own
+
+    def stop(self, grace_s: float) -> None:
+        self.engine.stop(grace_s)
+
+
+@dataclass
+class Classifying:
+    """What a classifier dir's server serves: its batcher runs the classifier's sessions."""
+
+    classifier: Classifier
+    batcher: ClassifyBatcher
+    max_examples: int = 256  # examples one /v1/classify request may hold (413 beyond)
+
+    def stop(self, grace_s: float) -> None:
+        self.batcher.stop(grace_s)
+
+
+@dataclass
 class ServeState:
-    engine: Engine | None  # a language model's; None for a classifier dir (its batcher runs it)
-    model: LoadedModel | None  # its tokenizer and manifest only (the engine thread runs it)
+    served: Generating | Classifying  # the one kind of model this server serves
     name: str  # the model id clients send and /v1/models lists
-    max_tokens_limit: int
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     stopping: bool = False  # set on SIGTERM: /health turns 503 and new completions are refused
     http_counts: Counter = field(default_factory=Counter)  # (path, status) -> requests answered
     limits: Limits = Limits()
     dropped: Counter = field(default_factory=Counter)  # reason (limits.DROP_REASONS) -> requests not read to the end
-    classifier: object = None  # a classifier dir's runtime.classify.Classifier (then engine and model are None)
-    batcher: object = None  # its classify_batcher.ClassifyBatcher
-    max_examples: int = 256  # examples one /v1/classify request may hold (413 beyond)
-    chat_template: str | None = None  # `serve --chat-template FILE`: in place of the model dir's own
 
     def stop(self, grace_s: float) -> None:
         """What SIGTERM starts: in-flight work gets grace_s to finish, then is cancelled."""
-        (self.engine if self.engine is not None else self.batcher).stop(grace_s)
+        self.served.stop(grace_s)
 
 
 async def _wait_disconnect(receive) -> None:

@@ -17,7 +17,7 @@ from ..graphs.session import SessionConfig, make_session
 from ..modeldir.manifest import MANIFEST_NAME, Manifest
 from ..modeldir.model_files import HashCheck, check_records, confined
 from ..modeldir.onnx_wire import is_ort_format, read_graph_facts
-from ..modeldir.tokenizer import TOKENIZER_FILE, load_tokenizer
+from ..modeldir.tokenizer import has_tokenizer, load_tokenizer
 from .model_claims import claim_problems
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def start_file_checks(model_dir: Path, manifest: Manifest, imported: bool) -> Ha
 
 
 def load_dir_tokenizer(model_dir: Path):
-    return load_tokenizer(model_dir) if (model_dir / TOKENIZER_FILE).is_file() else None
+    return load_tokenizer(model_dir) if has_tokenizer(model_dir) else None
 
 
 def graph_facts(graph: Path):

@@ -15,13 +15,9 @@ import numpy as np
 from ..errors import InvalidArgumentError, PromptTooLongError
 from ..graphs.graph_variant import DecodeState, GraphVariant
 from .arguments import check_ids
+from .generation_options import PREFILL_CHUNK
 from .sampling import SamplingParams, select_token
 from .text_stream import TextStream
-
-# Prompt tokens per prefill run. Attention kernels compute every (query, key) pair of a run, the
-# causal half included; prefilling in chunks skips the blocks above the diagonal. 256 was the
-# fastest chunk for a 512-token prompt on GPT-2 small (2 cores): int8 -10 %, fp32 -8 %.
-PREFILL_CHUNK = 256
 
 STOP_EOS = "eos"
 STOP_STRING = "stop_string"

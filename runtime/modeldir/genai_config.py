@@ -35,7 +35,7 @@ from typing import Any
 
 from ..contract import GRAPH_KV_BUFFER, LOGITS, LOGITS_TO_KEEP
 from .manifest import MODEL_FILE, Manifest, write_json
-from .tokenizer import TOKENIZER_FILE
+from .tokenizer import TOKENIZER_FILE, has_tokenizer
 
 GENAI_CONFIG = "genai_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -126,9 +126,9 @@ def genai_readiness(model_dir: str | Path, manifest: Manifest) -> GenAIReadiness
                                      f"{manifest.graph} graph")
     if LOGITS_TO_KEEP in manifest.inputs:  # kv_buffer dirs exported before it had a default
         return GenAIReadiness(False, f"the graph requires {LOGITS_TO_KEEP}, which GenAI does not feed (re-export)")
-    if (model_dir / TOKENIZER_FILE).is_file() and not (model_dir / TOKENIZER_CONFIG).is_file():
+    if has_tokenizer(model_dir) and not (model_dir / TOKENIZER_CONFIG).is_file():
         return GenAIReadiness(False, f"{TOKENIZER_FILE} without {TOKENIZER_CONFIG} (GenAI's tokenizer needs both)")
-    tokens = "text and ids" if (model_dir / TOKENIZER_FILE).is_file() else "ids only (no tokenizer.json)"
+    tokens = "text and ids" if has_tokenizer(model_dir) else "ids only (no tokenizer.json)"
     return GenAIReadiness(True, f"decoder, {'shared' if shared else 'separate'} past/present buffers, {tokens}")
 
 

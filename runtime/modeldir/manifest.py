@@ -26,6 +26,7 @@ from .kv_cache import DEFAULT_KV_CACHE, kv_cache_kind
 from .model_files import FileRecord, record_files
 from .recipe import QuantizeRecipe
 from .tasks import Task
+from .tokenizer import TOKENIZER_FILE
 
 MANIFEST_NAME = "gptedge.json"
 MODEL_FILE = "model.onnx"
@@ -213,6 +214,14 @@ class Manifest:
             names = IONames(self.shape.n_layer)
             object.__setattr__(self, "inputs", tuple(names.inputs))
             object.__setattr__(self, "outputs", tuple(names.outputs))
+
+    @property
+    def graph_bytes(self) -> int | None:
+        """Bytes of the graph and its external data as the records say (the tokenizer not counted): compare's
+        size column. None: an older manifest records no files."""
+        if not self.files:
+            return None
+        return sum(r.size for r in self.files if r.path != TOKENIZER_FILE)
 
     def to_dict(self) -> dict[str, Any]:
         d = json.loads(json.dumps(dataclasses.asdict(self)))  # tuples as lists, as written

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ModelDirError
 from .onnx_wire import is_ort_format, read_graph_facts
-from .tokenizer import TOKENIZER_FILE
+from .tokenizer import TOKENIZER_FILE, has_tokenizer
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def record_files(model_dir: str | Path, model_file: str) -> tuple[FileRecord, ..
         base = PurePosixPath(model_file).parent
         if not is_ort_format(graph):  # an ORT-format graph holds its weights
             names += [str(base / loc) for loc in read_graph_facts(graph).external_files]
-    if (model_dir / TOKENIZER_FILE).is_file():
+    if has_tokenizer(model_dir):
         names.append(TOKENIZER_FILE)
     records = []
     for name in dict.fromkeys(names):

@@ -9,6 +9,11 @@ from ..errors import ModelDirError
 TOKENIZER_FILE = "tokenizer.json"
 
 
+def has_tokenizer(model_dir: str | Path) -> bool:
+    """Whether the dir holds a tokenizer (an ids-only dir has none: it generates ids, never text)."""
+    return (Path(model_dir) / TOKENIZER_FILE).is_file()
+
+
 def load_tokenizer(model_dir: str | Path):
     from tokenizers import Tokenizer
 

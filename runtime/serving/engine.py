@@ -5,7 +5,8 @@ decode step of the running batch, so a running row waits at most one prefill run
 `prefill_chunk` prompt positions, padding counted) between two tokens. The run prefills together as
 many newcomers as have rows and fit the budget (k prompts padded to the longest: k x longest <=
 prefill_chunk; a burst of short prompts costs one run, not one each), or the next chunk of one
-prompt too long for the budget alone. Newcomers join the running batch at the step boundary; a
+prompt too long for the budget alone: admission.plan_prefill decides which, as plain data (no model
+needed to test it), and this module carries the plan out. Newcomers join the running batch at the step boundary; a
 sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes
 every joined sequence at once through the graph variant's sequence pool. Token selection, stop
 handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets
@@ -24,22 +25,23 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
-from ..generation.arguments import check_bool, check_int, check_stop
 from ..errors import GptEdgeError
+from ..generation.arguments import check_bool, check_int, check_stop
 from ..generation.evaluate import log_softmax
-from ..generation.generation import (PREFILL_CHUNK, STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, Generation, SequenceState,
-                                     check_prompts)
-from .metrics import EngineMetrics
-from ..model import LoadedModel
+from ..generation.generation import STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, Generation, SequenceState, check_prompts
+from ..generation.generation_options import PREFILL_CHUNK
 from ..generation.sampling import SamplingParams, select_token
 from ..generation.text_stream import TextStream
 from ..graphs.sequence_pool import pool_for
+from ..model import LoadedModel
+from .admission import PrefillPlan, plan_prefill
+from .metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ class Engine:
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
         self.metrics = EngineMetrics()
-        self._tokenizer = model.tokenizer if (model.model_dir / "tokenizer.json").is_file() else None
+        self._tokenizer = model.tokenizer if model.has_tokenizer else None
         self._cond = threading.Condition()
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
@@ -171,6 +173,28 @@ class Engine:
 
         on_event is called on the engine thread with each TokenEvent; should it raise, this request ends
         (cancelled at the next step, the error logged) and every other request goes on."""
+        return self.submit_all([request], [on_event])[0]
+
+    def submit_all(self, requests: Sequence[CompletionRequest],
+                   on_events: Sequence[Callable[[TokenEvent], None]]) -> list[RequestHandle]:
+        """Queue several requests (one HTTP request's prompts), all or nothing: every one is checked before any
+        is queued (the engine is the one place a request is validated), and when one is refused (queue full,
+        shutting down) those already queued are cancelled before the error is raised."""
+        if len(requests) != len(on_events):
+            raise TypeError(f"submit_all() takes one on_event per request, got {len(on_events)} for {len(requests)}")
+        states = [self._checked(r, e) for r, e in zip(requests, on_events)]
+        handles: list[RequestHandle] = []
+        try:
+            for request, on_event, state in zip(requests, on_events, states):
+                handles.append(self._queue(request, on_event, state))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return handles
+
+    def _checked(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None]) -> SequenceState:
+        """A request's checks -> its fresh SequenceState; raises on the first problem."""
         if not isinstance(request, CompletionRequest):
             raise TypeError(f"submit() takes a CompletionRequest, got {type(request).__name__}")
         if not callable(on_event):
@@ -178,8 +202,11 @@ class Engine:
         m = self.model.manifest
         check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
         stream = TextStream(self._tokenizer, request.stop) if self._tokenizer is not None else None
-        state = SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
-                              np.random.default_rng(request.sampling.seed), list(request.prompt_ids))
+        return SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
+                             np.random.default_rng(request.sampling.seed), list(request.prompt_ids))
+
+    def _queue(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None],
+               state: SequenceState) -> RequestHandle:
         with self._cond:
             if not self._accepting:
                 raise EngineStoppedError("the server is shutting down")
@@ -235,13 +262,11 @@ class Engine:
         return self._deadline is not None and time.perf_counter() >= self._deadline
 
     def _prefill_turn(self) -> None:
-        """One prefill run: a group of newcomers whose prompts fit the budget together, else the next chunk
-        of one long prompt (started here when it heads the queue)."""
-        if self._prefilling is None:
-            group = self._take_group()
-            if not group:
-                return
-            if len(group) > 1 or len(group[0].request.prompt_ids) <= (self.prefill_chunk or np.inf):
+        """One prefill run, as admission.plan_prefill decides: a group of newcomers whose prompts fit the budget
+        together, else the next chunk of one long prompt (started here when it heads the queue)."""
+        plan, group = self._admit()
+        if group:
+            if not plan.chunked:
                 self._group = group
                 logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group])
                 self._group = []
@@ -250,6 +275,8 @@ class Engine:
                 return
             active = group[0]
             self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
+        if not plan.chunked:
+            return
         active, runs = self._prefilling
         try:
             next(runs)
@@ -259,23 +286,19 @@ class Engine:
         self._prefilling = None
         self._joined(active, logits)
 
-    def _take_group(self) -> list[_Active]:
-        """Newcomers off the queue's head while rows are free and k x longest prompt <= prefill_chunk
-        (at least one: a prompt longer than the budget alone is prefilled in chunks)."""
-        group: list[_Active] = []
-        longest = 0
+    def _admit(self) -> tuple[PrefillPlan, list[_Active]]:
+        """This turn's plan, and the newcomers it admits taken off the queue's head (now prefilling)."""
+        if self._prefilling is not None:  # the engine thread's own state: the queue is not read, no lock needed
+            return plan_prefill(True, (), len(self._running), self.max_batch, self.prefill_chunk), []
         with self._cond:
-            while self._waiting and len(self._running) + len(group) < self.max_batch:
-                length = max(longest, len(self._waiting[0].request.prompt_ids))
-                if group and self.prefill_chunk is not None and length * (len(group) + 1) > self.prefill_chunk:
-                    break
-                group.append(self._waiting.popleft())
-                longest = length
+            plan = plan_prefill(False, (len(a.request.prompt_ids) for a in self._waiting), len(self._running),
+                                self.max_batch, self.prefill_chunk)
+            group = [self._waiting.popleft() for _ in range(plan.admit)]
             self.metrics.queue_depth = len(self._waiting)
         for active in group:
             self.metrics.tokens_in += len(active.request.prompt_ids)
             active.status = RequestState.PREFILLING
-        return group
+        return plan, group
 
     def _joined(self, active: _Active, logits: np.ndarray) -> None:
         """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""

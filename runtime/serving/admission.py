@@ -1,0 +1,48 @@
+"""The engine's admission policy as a pure function: which newcomers prefill this loop turn, and how.
+
+The engine (engine.py) asks `plan_prefill` once per turn and carries the plan out; the policy itself needs no
+model, no session and no thread, so it is tested on plain numbers (tests/test_admission.py), as vLLM's scheduler
+returns its decisions as data.
+
+The policy: a running row waits at most one prefill run between two tokens, and a run takes at most `budget`
+prompt positions, padding counted. So newcomers leave the queue's head in order while rows are free and k
+prompts padded to the longest fit (k x longest <= budget), and are prefilled together in one run; a prompt
+longer than the budget on its own is admitted alone and prefilled one chunk per turn, and while its chunks
+run nobody else is admitted. No budget (None): every newcomer that has a row, in one run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """One turn's prefill. admit: newcomers to take off the queue's head now; chunked: this turn runs one chunk of
+    a long prompt (the one admitted now, or the one already in progress when admit is 0). Neither: no prefill."""
+
+    admit: int = 0
+    chunked: bool = False
+
+
+NOTHING = PrefillPlan()
+NEXT_CHUNK = PrefillPlan(0, chunked=True)
+
+
+def plan_prefill(in_progress: bool, waiting: Iterable[int], running: int, max_batch: int,
+                 budget: int | None) -> PrefillPlan:
+    """-> this turn's plan. in_progress: a long prompt's chunks are under way; waiting: the prompt lengths of
+    the queue from its head (read lazily: only as many as can be admitted); running: rows decoding now."""
+    if in_progress:
+        return NEXT_CHUNK
+    admit, longest = 0, 0
+    lengths = iter(waiting)
+    while running + admit < max_batch and (length := next(lengths, None)) is not None:
+        padded = max(longest, length)
+        if admit and budget is not None and padded * (admit + 1) > budget:
+            break
+        admit, longest = admit + 1, padded
+    if not admit:
+        return NOTHING
+    return PrefillPlan(admit, chunked=admit == 1 and budget is not None and longest > budget)
