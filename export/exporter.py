@@ -32,6 +32,7 @@ from .config import GPTConfig
 from .hub import resolve_source
 from .onnx_graph import DEFAULT_OPSET, build_graph
 from .reference import GPT
+from .tokenizer_config import adds_bos
 from .tokenizer_files import write_tokenizer
 from .validate import compare_graph_outputs, compare_greedy_ids, graph_steps, greedy_prompts, reference_greedy, reference_outputs
 
@@ -99,13 +100,15 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
     with atomic_output_dir(out, force, inputs=[source_dir] if source_dir else ()) as tmp:
         fused_ops = write_graph(reference, tmp / MODEL_FILE, opset, fused, graph_variant)
         write_json(tmp / "config.json", cfg.to_hf())
-        write_json(tmp / "generation_config.json",
-                   {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
+        write_json(tmp / "generation_config.json", {"bos_token_id": cfg.bos_token_id,
+                                                     "eos_token_id": list(cfg.eos_ids) or cfg.eos_token_id,
+                                                     "pad_token_id": cfg.eos_token_id})
         has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False
+        add_bos = adds_bos(source_dir) if has_tokenizer else False
         names = IONames(cfg.n_layer)
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
                             pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(names.inputs),
-                            wide_mask=graph_variant == GRAPH_KV_BUFFER,
+                            wide_mask=graph_variant == GRAPH_KV_BUFFER, eos_ids=cfg.eos_ids, add_bos=add_bos,
                             outputs=tuple(names.outputs),
                             source=Source(**(source_info or {}), opset=opset, gptedge_version=__version__,
                                           activation=cfg.activation, layer_norm_epsilon=cfg.layer_norm_epsilon,

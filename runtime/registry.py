@@ -126,6 +126,7 @@ class Registry(Generic[E, T]):
 FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
     "gpt2": FamilyEntry("gptedge.export.gpt2", final_norm=True),
     "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False),
+    "llama": FamilyEntry("gptedge.export.llama"),  # RMSNorm, not LayerNorm: no norm count to check
 })
 QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization method", "METHOD", {
     "dynamic": MethodEntry("gptedge.quantize.dynamic",

@@ -165,7 +165,7 @@ class Api(Routes):
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
 
     def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
-        ids = [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
+        ids = [self.model.encode_prompt(p) if isinstance(p, str) else list(p) for p in params.prompts]
         try:
             check_prompts(ids, params.max_tokens, self.context, self.model.manifest.shape.vocab_size)
         except PromptTooLongError as e:
