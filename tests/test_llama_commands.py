@@ -1,0 +1,126 @@
+"""The Llama-style family through the commands and the tokenizer as checkpoints ship it: `gptedge export`
+(with its own rungs 3-4) + `generate` + weight-only `quantize`, add_bos and special tokens, several
+end-of-sequence ids (generation_config.json's eos_token_id as a list)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gptedge import runtime
+from gptedge.cli import main
+from gptedge.export.exporter import export_checkpoint
+from gptedge.export.tokenizer_config import adds_bos
+
+from .llama_checkpoints import VARIANTS, llama_model, write_llama_checkpoint, write_tokenizer
+
+PROMPT = "hello world, it is the end"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_llama_checkpoint(tmp_path_factory.mktemp("llama_cli") / "ckpt", "gqa2-linear")
+
+
+@pytest.fixture(scope="module")
+def cli_model(checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("llama_cli_out") / "model"
+    result = CliRunner().invoke(main, ["export", str(checkpoint), "-o", str(out), "--graph", "kv_buffer"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def hf_tokenizer(checkpoint):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(checkpoint / "tokenizer.json"), bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+
+
+def hf_greedy(ids: list[int], new_tokens: int, eos=2) -> list[int]:
+    hf = llama_model(0, **VARIANTS["gqa2-linear"])
+    out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), do_sample=False,
+                      max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=2)
+    return out[0, len(ids):].tolist()
+
+
+def test_export_records_parity_kv_heads_and_add_bos(cli_model):
+    manifest = json.loads((cli_model / "gptedge.json").read_text())
+    assert manifest["shape"]["arch"] == "llama" and manifest["shape"]["n_kv_head"] == 2
+    assert manifest["add_bos"] is True and manifest["bos_id"] == 1 and manifest["eos_id"] == 2
+    assert manifest["parity"]["graph_vs_reference"]["max_abs_diff"] <= 1e-4
+    assert manifest["parity"]["greedy_vs_reference"]["identical"] is True
+    assert "RotaryEmbedding" in manifest["source"]["contrib_ops"]
+    assert "GroupQueryAttention" in manifest["source"]["contrib_ops"]
+    info = CliRunner().invoke(main, ["verify", str(cli_model)])
+    assert info.exit_code == 0, info.output
+
+
+def test_generate_cli_continues_as_transformers(checkpoint, cli_model):
+    tok = hf_tokenizer(checkpoint)
+    ids = tok(PROMPT)["input_ids"]
+    assert ids[0] == 1  # transformers' tokenizer puts <s> first: gptedge must too
+    want = hf_greedy(ids, 12)
+    result = CliRunner().invoke(main, ["generate", str(cli_model), "-p", PROMPT, "--greedy", "-n", "12",
+                                       "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    assert got["prompt_ids"] == ids and got["ids"] == want
+    assert got["text"] == tok.decode(want, skip_special_tokens=True)
+
+
+def test_prompt_ids_as_the_checkpoints_tokenizer_makes_them(checkpoint, cli_model):
+    loaded = runtime.load(cli_model, device="cpu")
+    tok = hf_tokenizer(checkpoint)
+    for text in (PROMPT, "héllo </s> wörld", "<s>the"):
+        assert loaded.encode_prompt(text) == tok(text)["input_ids"]
+    ids = loaded.encode_prompt("héllo </s> wörld")
+    assert ids.count(2) == 1  # "</s>" is one special token, never split into pieces
+    assert any(3 <= i < 259 for i in ids)  # é and ö come as byte-fallback tokens
+    assert loaded.decode(loaded.encode("héllo wörld")) == "héllo wörld" == tok.decode(tok("héllo wörld")["input_ids"],
+                                                                                    skip_special_tokens=True)
+
+
+def test_add_bos_read_from_config_or_post_processor(tmp_path):
+    write_tokenizer(tmp_path, add_bos=False)
+    assert adds_bos(tmp_path) is False
+    write_tokenizer(tmp_path, add_bos=True)
+    assert adds_bos(tmp_path) is True
+    (tmp_path / "tokenizer_config.json").unlink()  # only the post-processor says it
+    assert adds_bos(tmp_path) is True
+    write_tokenizer(tmp_path, add_bos=False)
+    (tmp_path / "tokenizer_config.json").unlink()
+    assert adds_bos(tmp_path) is False
+
+
+def test_several_eos_ids_each_end_a_sequence(tmp_path):
+    prompt = [5, 77, 140, 9, 300]
+    free = hf_greedy(prompt, 20, eos=None)  # where greedy goes when nothing stops it
+    stop = next(t for t in free[3:] if t != 2 and free.index(t) >= 3)
+    end = free.index(stop) + 1
+    source = write_llama_checkpoint(tmp_path / "ckpt", "gqa2-linear", tokenizer=False, eos=[2, stop])
+    manifest = export_checkpoint(source, tmp_path / "model", graph_variant="kv_buffer")
+    assert manifest.eos_id == 2 and manifest.eos_ids == (2, stop)
+    assert json.loads((tmp_path / "model" / "generation_config.json").read_text())["eos_token_id"] == [2, stop]
+    loaded = runtime.load(tmp_path / "model", device="cpu")
+    got = loaded.generate(prompt, max_new_tokens=20, greedy=True)
+    assert got.ids == free[:end] == hf_greedy(prompt, 20, eos=[2, stop]) and got.stop == "eos"
+    beams = loaded.beam_search([prompt], max_new_tokens=20, num_beams=1)[0]
+    assert beams.sequences[0] == free[:end]
+    assert loaded.generate(prompt, max_new_tokens=20, greedy=True, ignore_eos=True).ids == free
+
+
+def test_weight_only_8bit_quantize_runs(cli_model, tmp_path):
+    out = tmp_path / "int8"
+    result = CliRunner().invoke(main, ["quantize", str(cli_model), "-o", str(out), "--method", "weight-only",
+                                       "--bits", "8"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "gptedge.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["shape"]["n_kv_head"] == 2
+    fp32, int8 = runtime.load(cli_model, device="cpu"), runtime.load(out, device="cpu")
+    a = fp32.generate(PROMPT, max_new_tokens=8, greedy=True).ids
+    b = int8.generate(PROMPT, max_new_tokens=8, greedy=True).ids
+    assert len(b) == 8 and b[:2] == a[:2]  # 8-bit weights keep the first greedy tokens of a tiny random model
