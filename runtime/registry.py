@@ -127,6 +127,7 @@ FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
     "gpt2": FamilyEntry("gptedge.export.gpt2", final_norm=True),
     "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False),
     "llama": FamilyEntry("gptedge.export.llama"),  # RMSNorm, not LayerNorm: no norm count to check
+    "gpt_neox": FamilyEntry("gptedge.export.gpt_neox", final_norm=True),
 })
 QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization method", "METHOD", {
     "dynamic": MethodEntry("gptedge.quantize.dynamic",

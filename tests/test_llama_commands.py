@@ -15,14 +15,14 @@ from gptedge.cli import main
 from gptedge.export.exporter import export_checkpoint
 from gptedge.export.tokenizer_config import adds_bos
 
-from .llama_checkpoints import VARIANTS, llama_model, write_llama_checkpoint, write_tokenizer
+from .lineage_checkpoints import variant_model, write_tokenizer, write_variant_checkpoint
 
 PROMPT = "hello world, it is the end"
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return write_llama_checkpoint(tmp_path_factory.mktemp("llama_cli") / "ckpt", "gqa2-linear")
+    return write_variant_checkpoint(tmp_path_factory.mktemp("llama_cli") / "ckpt", "gqa2-linear")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def hf_tokenizer(checkpoint):
 
 
 def hf_greedy(ids: list[int], new_tokens: int, eos=2) -> list[int]:
-    hf = llama_model(0, **VARIANTS["gqa2-linear"])
+    hf = variant_model("gqa2-linear")
     out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), do_sample=False,
                       max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=2)
     return out[0, len(ids):].tolist()
@@ -101,7 +101,7 @@ def test_several_eos_ids_each_end_a_sequence(tmp_path):
     free = hf_greedy(prompt, 20, eos=None)  # where greedy goes when nothing stops it
     stop = next(t for t in free[3:] if t != 2 and free.index(t) >= 3)
     end = free.index(stop) + 1
-    source = write_llama_checkpoint(tmp_path / "ckpt", "gqa2-linear", tokenizer=False, eos=[2, stop])
+    source = write_variant_checkpoint(tmp_path / "ckpt", "gqa2-linear", tokenizer=False, eos=[2, stop])
     manifest = export_checkpoint(source, tmp_path / "model", graph_variant="kv_buffer")
     assert manifest.eos_id == 2 and manifest.eos_ids == (2, stop)
     assert json.loads((tmp_path / "model" / "generation_config.json").read_text())["eos_token_id"] == [2, stop]

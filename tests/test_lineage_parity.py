@@ -1,6 +1,7 @@
-"""The parity ladder on the Llama-style family (export/llama.py), every rung against transformers' own
-LlamaForCausalLM on tiny seeded checkpoints it wrote (tests/llama_checkpoints.py): GQA ratios 1, 2, 4,
-rope scalings none / linear / llama3, tied and untied heads, biases on and off.
+"""The parity ladder on GPT-2's descendants, every rung against transformers' own model on tiny seeded
+checkpoints it wrote (tests/lineage_checkpoints.py): the Llama-style family (export/llama.py: GQA ratios 1, 2,
+4, rope scalings none / linear / llama3, tied and untied heads, biases on and off) and GPT-NeoX
+(export/gpt_neox.py: partial rotary, parallel and sequential residual, tied and untied).
 
 1. reference vs transformers: logits of a left-padded batch <= 1e-5;
 2. the reference's KV cache vs recomputing the whole sequence <= 1e-5;
@@ -20,7 +21,7 @@ from gptedge.export.checkpoint import load_checkpoint
 from gptedge.export.exporter import export_checkpoint
 from gptedge.runtime.generation import positions
 
-from .llama_checkpoints import VARIANTS, VOCAB, llama_model, write_llama_checkpoint
+from .lineage_checkpoints import VARIANTS, VOCAB, variant_model, write_variant_checkpoint
 
 GRAPHS = ("standard", "kv_buffer")
 PROMPTS = ([5, 77, 140, 9, 300], [12], [200, 3, 3, 45, 61, 99, 250, 17, 8])
@@ -28,14 +29,14 @@ PROMPTS = ([5, 77, 140, 9, 300], [12], [200, 3, 3, 45, 61, 99, 250, 17, 8])
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llama")
-    return {v: write_llama_checkpoint(root / v, v, tokenizer=False) for v in VARIANTS}
+    root = tmp_path_factory.mktemp("lineage")
+    return {v: write_variant_checkpoint(root / v, v, tokenizer=False) for v in VARIANTS}
 
 
 @pytest.fixture(scope="module")
 def exported(checkpoints, tmp_path_factory):
     """(variant, graph) -> the loaded model dir, exported without export's own validation: these tests are it."""
-    root = tmp_path_factory.mktemp("llama_onnx")
+    root = tmp_path_factory.mktemp("lineage_onnx")
     loaded = {}
     for v in VARIANTS:
         for g in GRAPHS:
@@ -56,14 +57,15 @@ def padded_batch(seed: int = 0, lengths=(9, 6, 3)) -> tuple[np.ndarray, np.ndarr
 
 
 def transformers_model(variant: str):
-    return llama_model(0, **VARIANTS[variant])
+    return variant_model(variant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rung1_reference_matches_transformers(checkpoints, variant):
     hf = transformers_model(variant)
     reference, cfg = load_checkpoint(checkpoints[variant])
-    assert cfg.kv_heads == hf.config.num_key_value_heads and cfg.tied_head == hf.config.tie_word_embeddings
+    assert cfg.kv_heads == getattr(hf.config, "num_key_value_heads", hf.config.num_attention_heads)
+    assert cfg.tied_head == hf.config.tie_word_embeddings
     ids, mask = padded_batch()
     pos = positions(mask)
     with torch.no_grad():

@@ -1,8 +1,9 @@
-"""Tiny seeded Llama-style checkpoints written by transformers (save_pretrained), for the parity ladder.
+"""Tiny seeded checkpoints of GPT-2's descendants written by transformers (save_pretrained), for the parity
+ladder: Llama-style (LlamaForCausalLM) and GPT-NeoX (GPTNeoXForCausalLM).
 
-Each variant is a LlamaConfig's keyword arguments. Norm weights and biases get seeded noise (transformers
-initialises them to 1 and 0, which would hide a norm or a bias applied in the wrong place). head_dim is 16:
-ONNX Runtime's rotary kernels want a multiple of 16. The tokenizer is the kind Llama checkpoints ship:
+Each variant is its family's transformers config keywords. Norm weights and biases get seeded noise
+(transformers initialises them to 1 and 0, which would hide a norm or a bias applied in the wrong place).
+head_dim is 16: ONNX Runtime's rotary kernels want a multiple of 16. The tokenizer is the kind Llama checkpoints ship:
 BPE over Metaspace pieces with byte fallback, <unk>/<s>/</s> special, a post-processor that puts <s> first.
 """
 
@@ -14,32 +15,52 @@ from pathlib import Path
 VOCAB = 320  # the tokenizer's size: 3 specials + 256 byte tokens + pieces and merges
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}
-# name -> LlamaConfig overrides: GQA ratios 1 / 2 / 4, the three rope kinds, tied / untied, biases
+# name -> (family, its config overrides). Llama: GQA ratios 1 / 2 / 4, the three rope kinds, tied / untied,
+# biases. GPT-NeoX: partial rotary (1/4, 1/2, whole), parallel and sequential residual, tied / untied.
 VARIANTS = {
-    "mha-untied": dict(num_key_value_heads=4),
-    "gqa2-linear": dict(num_key_value_heads=2, rope_scaling={"rope_type": "linear", "factor": 2.0}),
-    "gqa4-llama3": dict(num_key_value_heads=1, rope_scaling=LLAMA3, rope_theta=500000.0),
-    "gqa2-tied-bias": dict(num_key_value_heads=2, tie_word_embeddings=True, attention_bias=True, mlp_bias=True),
+    "mha-untied": ("llama", dict(num_key_value_heads=4)),
+    "gqa2-linear": ("llama", dict(num_key_value_heads=2, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "gqa4-llama3": ("llama", dict(num_key_value_heads=1, rope_scaling=LLAMA3, rope_theta=500000.0)),
+    "gqa2-tied-bias": ("llama", dict(num_key_value_heads=2, tie_word_embeddings=True, attention_bias=True,
+                                     mlp_bias=True)),
+    "neox-parallel": ("gpt_neox", dict(rotary_pct=0.25)),
+    "neox-sequential-tied": ("gpt_neox", dict(rotary_pct=0.5, use_parallel_residual=False, tie_word_embeddings=True)),
+    "neox-whole-rotary-linear": ("gpt_neox", dict(rotary_pct=1.0, rope_scaling={"rope_type": "linear", "factor": 2.0},
+                                                  hidden_act="gelu_new")),
 }
+LLAMA_VARIANTS = tuple(v for v, (f, _) in VARIANTS.items() if f == "llama")
 
 
-def llama_model(seed: int = 0, **overrides):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _config(family: str, overrides: dict):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
 
     base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=1,
-                eos_token_id=2, tie_word_embeddings=False, attn_implementation="eager")
+                max_position_embeddings=64, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+                attn_implementation="eager")
+    if family == "llama":
+        base.update(num_key_value_heads=2, rms_norm_eps=1e-5)
+        base.update(overrides)
+        return LlamaForCausalLM, LlamaConfig(**base)
+    base.update(layer_norm_eps=1e-5)
     base.update(overrides)
+    return GPTNeoXForCausalLM, GPTNeoXConfig(**base)
+
+
+def variant_model(variant: str, seed: int = 0):
+    """The variant's transformers model, seeded: the oracle every rung compares with."""
+    import torch
+
+    family, overrides = VARIANTS[variant]
+    cls, config = _config(family, overrides)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**base)).eval()
+    model = cls(config).eval()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith(".bias"):
+            if name.endswith(".bias"):
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
+            elif "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
     return model
 
 
@@ -79,10 +100,10 @@ def write_tokenizer(out: Path, add_bos: bool = True) -> None:
          "unk_token": "<unk>", "tokenizer_class": "LlamaTokenizerFast"}), encoding="utf-8")
 
 
-def write_llama_checkpoint(out: Path, variant: str = "gqa2-linear", seed: int = 0, tokenizer: bool = True,
+def write_variant_checkpoint(out: Path, variant: str = "gqa2-linear", seed: int = 0, tokenizer: bool = True,
                            eos: int | list[int] = 2) -> Path:
     """A variant saved by transformers (config.json, generation_config.json, model.safetensors) + tokenizer."""
-    model = llama_model(seed, **VARIANTS[variant])
+    model = variant_model(variant, seed)
     model.config.eos_token_id = eos
     model.generation_config.eos_token_id = eos
     model.save_pretrained(out)
