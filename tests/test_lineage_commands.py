@@ -124,3 +124,29 @@ def test_weight_only_8bit_quantize_runs(cli_model, tmp_path):
     a = fp32.generate(PROMPT, max_new_tokens=8, greedy=True).ids
     b = int8.generate(PROMPT, max_new_tokens=8, greedy=True).ids
     assert len(b) == 8 and b[:2] == a[:2]  # 8-bit weights keep the first greedy tokens of a tiny random model
+
+
+def test_neox_through_export_generate_and_quantize(tmp_path):
+    """GPT-NeoX (Pythia's family) through the same commands: export validates it (rungs 3-4), generate's ids are
+    transformers', and weight-only 8-bit takes its untied embed_out."""
+    source = write_variant_checkpoint(tmp_path / "ckpt", "neox-parallel", tokenizer=False)
+    runner = CliRunner()
+    result = runner.invoke(main, ["export", str(source), "-o", str(tmp_path / "m"), "--graph", "kv_buffer"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "m" / "gptedge.json").read_text())
+    assert manifest["shape"]["arch"] == "gpt_neox" and "n_kv_head" not in manifest["shape"]
+    assert manifest["parity"]["graph_vs_reference"]["max_abs_diff"] <= 1e-4
+    prompt = [5, 77, 140, 9, 300]
+    hf = variant_model("neox-parallel")
+    want = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long), do_sample=False,
+                       max_new_tokens=16, pad_token_id=2)[0, 5:].tolist()
+    assert runtime.load(tmp_path / "m", device="cpu").generate(prompt, max_new_tokens=16, greedy=True).ids == want
+    result = runner.invoke(main, ["quantize", str(tmp_path / "m"), "-o", str(tmp_path / "q"), "--method", "weight-only"])
+    assert result.exit_code == 0, result.output
+    assert len(runtime.load(tmp_path / "q", device="cpu").generate(prompt, max_new_tokens=8, greedy=True).ids) >= 1
+
+
+def test_methods_that_need_a_tied_head_refuse_an_untied_one_in_one_line(cli_model, tmp_path):
+    result = CliRunner().invoke(main, ["quantize", str(cli_model), "-o", str(tmp_path / "q"), "--method", "dynamic"])
+    assert result.exit_code == 1 and "untied" in result.output and "unexpected" not in result.output, result.output
+    assert not (tmp_path / "q").exists()
