@@ -29,6 +29,7 @@ from .graph_writer import GraphWriter
 from .layers import KV
 from .rotary import cos_sin, inv_freq, rope_scaling, rotate
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 # Fields whose other values change the computation in ways the reference does not implement.
 _FIXED = (("hidden_act", "silu"), ("pretraining_tp", 1))
 
@@ -43,7 +44,8 @@ class LlamaConfig(GPTConfig):
     rope_theta: float = 10000.0
     rope_scaling: tuple[tuple[str, Any], ...] = ()
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q, k and v projections
+    o_bias: bool = False  # the output projection (Llama's attention_bias covers both; Qwen2 biases q, k, v only)
     mlp_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
 
@@ -82,7 +84,9 @@ def _ids(d: dict[str, Any], key: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def config_from_hf(d: dict[str, Any]) -> LlamaConfig:
+def config_from_hf(d: dict[str, Any], arch: str = "llama", **fixed: Any) -> LlamaConfig:
+    """config.json -> LlamaConfig; arch and `fixed` fields for the Llama-shaped families built on this one
+    (qwen2.py, mistral.py)."""
     for name, ok in _FIXED:
         if d.get(name, ok) != ok:
             raise CheckpointError(f"config.json: {name}={d[name]!r} is not supported")
@@ -91,7 +95,10 @@ def config_from_hf(d: dict[str, Any]) -> LlamaConfig:
         raise CheckpointError(f"config.json: head_dim={d['head_dim']!r} is not hidden_size / num_attention_heads")
     eos = _ids(d, "eos_token_id")
     bos = _ids(d, "bos_token_id")
-    return LlamaConfig(arch="llama", vocab_size=positive_int(d, "vocab_size", 32000),
+    bias = bool(d.get("attention_bias", False))
+    fields = dict(attention_bias=bias, o_bias=bias)
+    fields.update(fixed)
+    return LlamaConfig(arch=arch, vocab_size=positive_int(d, "vocab_size", 32000),
                        n_positions=positive_int(d, "max_position_embeddings", 2048), n_embd=n_embd,
                        n_layer=positive_int(d, "num_hidden_layers", 32), n_head=n_head,
                        n_inner=positive_int(d, "intermediate_size", 11008), activation="silu",
@@ -100,14 +107,14 @@ def config_from_hf(d: dict[str, Any]) -> LlamaConfig:
                        n_kv_head=positive_int(d, "num_key_value_heads", n_head),
                        rope_theta=float(d.get("rope_theta", 10000.0)), rope_scaling=rope_scaling(d.get("rope_scaling")),
                        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                       attention_bias=bool(d.get("attention_bias", False)), mlp_bias=bool(d.get("mlp_bias", False)),
+                       mlp_bias=bool(d.get("mlp_bias", False)), **fields,
                        eos_token_ids=eos)
 
 
 def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
     assert isinstance(cfg, LlamaConfig)
     eos = list(cfg.eos_token_ids) if len(cfg.eos_token_ids) > 1 else cfg.eos_token_id
-    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": cfg.vocab_size,
+    return {"model_type": cfg.arch, "architectures": [ARCHITECTURES[cfg.arch]], "vocab_size": cfg.vocab_size,
             "max_position_embeddings": cfg.n_positions, "hidden_size": cfg.n_embd, "intermediate_size": cfg.mlp_dim,
             "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
             "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
@@ -137,7 +144,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=bias)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=cfg.o_bias)
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None,
                 position_ids: torch.Tensor) -> tuple[torch.Tensor, KV]:

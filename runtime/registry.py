@@ -128,6 +128,8 @@ FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
     "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False),
     "llama": FamilyEntry("gptedge.export.llama"),  # RMSNorm, not LayerNorm: no norm count to check
     "gpt_neox": FamilyEntry("gptedge.export.gpt_neox", final_norm=True),
+    "qwen2": FamilyEntry("gptedge.export.qwen2"),
+    "mistral": FamilyEntry("gptedge.export.mistral"),
 })
 QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization method", "METHOD", {
     "dynamic": MethodEntry("gptedge.quantize.dynamic",

@@ -27,23 +27,25 @@ VARIANTS = {
     "neox-sequential-tied": ("gpt_neox", dict(rotary_pct=0.5, use_parallel_residual=False, tie_word_embeddings=True)),
     "neox-whole-rotary-linear": ("gpt_neox", dict(rotary_pct=1.0, rope_scaling={"rope_type": "linear", "factor": 2.0},
                                                   hidden_act="gelu_new")),
+    "qwen2-qkv-bias": ("qwen2", dict(num_key_value_heads=2)),  # q/k/v biases, none on o_proj
+    "mistral-gqa4": ("mistral", dict(num_key_value_heads=1, sliding_window=4096)),  # a window wider than the context
 }
-LLAMA_VARIANTS = tuple(v for v, (f, _) in VARIANTS.items() if f == "llama")
 
 
 def _config(family: str, overrides: dict):
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
+    import transformers
 
     base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=64, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                 attn_implementation="eager")
-    if family == "llama":
-        base.update(num_key_value_heads=2, rms_norm_eps=1e-5)
+    if family == "gpt_neox":
+        base.update(layer_norm_eps=1e-5)
         base.update(overrides)
-        return LlamaForCausalLM, LlamaConfig(**base)
-    base.update(layer_norm_eps=1e-5)
+        return transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig(**base)
+    base.update(num_key_value_heads=2, rms_norm_eps=1e-5)
     base.update(overrides)
-    return GPTNeoXForCausalLM, GPTNeoXConfig(**base)
+    name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
+    return getattr(transformers, f"{name}ForCausalLM"), getattr(transformers, f"{name}Config")(**base)
 
 
 def variant_model(variant: str, seed: int = 0):

@@ -150,3 +150,17 @@ def test_methods_that_need_a_tied_head_refuse_an_untied_one_in_one_line(cli_mode
     result = CliRunner().invoke(main, ["quantize", str(cli_model), "-o", str(tmp_path / "q"), "--method", "dynamic"])
     assert result.exit_code == 1 and "untied" in result.output and "unexpected" not in result.output, result.output
     assert not (tmp_path / "q").exists()
+
+
+def test_sliding_windows_shorter_than_the_context_are_refused_by_name():
+    from gptedge.export.config import GPTConfig
+    from gptedge.runtime.errors import CheckpointError
+
+    base = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64}
+    with pytest.raises(CheckpointError, match="sliding_window=16 is shorter than the context"):
+        GPTConfig.from_hf({"model_type": "mistral", **base, "sliding_window": 16})
+    assert GPTConfig.from_hf({"model_type": "mistral", **base, "sliding_window": None}).arch == "mistral"
+    with pytest.raises(CheckpointError, match="use_sliding_window=true is not supported"):
+        GPTConfig.from_hf({"model_type": "qwen2", **base, "use_sliding_window": True})
+    with pytest.raises(CheckpointError, match="rope_scaling type 'dynamic' is not supported"):
+        GPTConfig.from_hf({"model_type": "llama", **base, "rope_scaling": {"type": "dynamic", "factor": 2.0}})

@@ -22,6 +22,7 @@ from gptedge.export.exporter import export_checkpoint
 from gptedge.runtime.generation import positions
 
 from .lineage_checkpoints import VARIANTS, VOCAB, variant_model, write_variant_checkpoint
+from .test_beam_search import assert_same, transformers_beams
 
 GRAPHS = ("standard", "kv_buffer")
 PROMPTS = ([5, 77, 140, 9, 300], [12], [200, 3, 3, 45, 61, 99, 250, 17, 8])
@@ -134,3 +135,13 @@ def test_rung4_greedy_matches_transformers_generate(exported, variant, graph):
         assert loaded.generate(prompt, max_new_tokens=24, greedy=True).ids == want[-1]
     # a left-padded batch: every row as alone
     assert [g.ids for g in loaded.generate_batch(list(PROMPTS), max_new_tokens=24, greedy=True)] == want
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+@pytest.mark.parametrize("variant", ["gqa4-llama3", "neox-sequential-tied"])
+def test_beams_equal_transformers(checkpoints, exported, variant, graph):
+    """Beam search over a left-padded batch: sequences and scores as transformers' generate(num_beams=4)."""
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    options = dict(num_beams=4, length_penalty=1.0, early_stopping=False, num_return_sequences=2)
+    want = transformers_beams(checkpoints[variant], prompts, 12, eos=2, pad=2, **options)
+    assert_same(exported[variant, graph].beam_search(prompts, 12, **options), want)
