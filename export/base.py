@@ -13,8 +13,9 @@ name the registry (runtime/registry.py) gives them. A family module supplies:
   with for this config, and `write_blocks(g, h, weights, cfg, attention) -> h`: the blocks as
   ONNX nodes, mirroring `block` op for op.
 
-Shared by every family: learned token + position embeddings, the tied LM head, the KV cache
-I/O contract (reference.py, onnx_graph.py).
+Shared by every family: the token embedding, learned positions (or, `positions="rotary"`, q and k rotated
+inside the blocks: llama.py, gpt_neox.py), the LM head (tied unless the config's `tied_head` says not), the
+KV cache I/O contract (reference.py, onnx_graph.py).
 """
 
 from __future__ import annotations

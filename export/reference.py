@@ -1,8 +1,9 @@
 """The PyTorch reference GPT: the parity oracle for every graph gptedge builds.
 
-Learned token + position embeddings, the family's blocks (families.py: GPT-2 pre-LN with a
-final LN, the original GPT post-LN without), tied LM head. Parameter names follow HF GPT-2
-without the "transformer." prefix, so checkpoints map onto it by renaming only.
+Token embeddings (+ learned positions, or rotary ones inside the blocks), the family's blocks
+(families.py: GPT-2 pre-LN with a final LN, the original GPT post-LN without, the Llama-style and
+GPT-NeoX descendants), the LM head (tied unless the family's config unties it). Parameter names
+follow HF's without the model prefix, so checkpoints map onto it by renaming only.
 """
 
 from __future__ import annotations
