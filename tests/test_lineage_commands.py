@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -164,3 +165,27 @@ def test_sliding_windows_shorter_than_the_context_are_refused_by_name():
         GPTConfig.from_hf({"model_type": "qwen2", **base, "use_sliding_window": True})
     with pytest.raises(CheckpointError, match="rope_scaling type 'dynamic' is not supported"):
         GPTConfig.from_hf({"model_type": "llama", **base, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
+
+
+def test_continuous_batch_rows_moving_along_the_buffer_keep_their_positions(cli_model):
+    """The server's engine on a kv_buffer graph: rows share one timeline and move along the buffer (context 64 here,
+    so it compacts). Rotary positions come from each row's own position ids, not the buffer index: every request
+    gets the ids it gets alone."""
+    from gptedge.runtime.engine import CompletionRequest, Engine
+    from gptedge.runtime.sampling import SamplingParams
+
+    from .test_engine import Collector
+
+    model = runtime.load(cli_model, device="cpu")
+    rng = np.random.default_rng(4)
+    requests = [CompletionRequest(tuple(int(t) for t in rng.integers(3, 300, n)), new, SamplingParams(greedy=True),
+                                  ignore_eos=True) for n, new in ((3, 40), (17, 30), (9, 45), (25, 20), (5, 50))]
+    solo = [model.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True).ids for r in requests]
+    engine = Engine(model, max_batch=2, max_queue=8, prefill_chunk=4).start()
+    got = []
+    for r in requests:
+        got.append(Collector())
+        engine.submit(r, got[-1])
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert [c.last.generation.ids for c in got] == solo
