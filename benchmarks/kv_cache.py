@@ -105,7 +105,7 @@ def step_bytes(models: dict) -> list[str]:
     for name, m in models.items():
         s = m.manifest.shape
         weights = sum(r.size for r in m.manifest.files if r.path.startswith("model.onnx"))
-        kv = KV_CACHES[m.manifest.kv_cache].bytes_per_position(s.n_layer, s.n_head, s.head_dim) * positions
+        kv = KV_CACHES[m.manifest.kv_cache].bytes_per_position(s.n_layer, s.kv_heads, s.head_dim) * positions
         lines.append(f"| {name} | {weights / 1e6:.1f} | {kv / 1e6:.1f} | {100 * kv / (kv + weights):.1f} % |")
     return lines
 

@@ -13,8 +13,9 @@ name the registry (runtime/registry.py) gives them. A family module supplies:
   with for this config, and `write_blocks(g, h, weights, cfg, attention) -> h`: the blocks as
   ONNX nodes, mirroring `block` op for op.
 
-Shared by every family: learned token + position embeddings, the tied LM head, the KV cache
-I/O contract (reference.py, onnx_graph.py).
+Shared by every family: the token embedding, learned positions (or, `positions="rotary"`, q and k rotated
+inside the blocks: llama.py, gpt_neox.py), the LM head (tied unless the config's `tied_head` says not), the
+KV cache I/O contract (reference.py, onnx_graph.py).
 """
 
 from __future__ import annotations
@@ -44,10 +45,17 @@ class Family:
     final_norm: bool
     attention_kinds: Callable[[GPTConfig], tuple[type[AttentionWriter], ...]]
     write_blocks: Callable[[GraphWriter, str, Weights, GPTConfig, AttentionWriter], str]
+    # Rotary families (llama.py): no learned position table; each block takes the position ids, and the final
+    # norm is the family's own (`norm` in the reference, `write_norm` in the graph) instead of a LayerNorm.
+    positions: str = "learned"  # "learned" (wpe) or "rotary" (Block.forward gets position_ids)
+    norm: Callable[[GPTConfig], nn.Module] | None = None  # the reference's ln_f; None: LayerNorm
+    write_norm: Callable[[GraphWriter, str, Weights, str, GPTConfig], str] | None = None  # ln_f in the graph
+    hf_prefix: str = HF_PREFIX  # the checkpoints' prefix before weight_names ("" where they name it in full)
 
     def our_name(self, key: str) -> str:
         """HF key -> reference parameter name ('transformer.h.0.attn.c_attn.weight' -> 'h.0.attn.c_attn.weight')."""
-        key = key[len(HF_PREFIX):] if key.startswith(HF_PREFIX) else key
+        prefix = self.hf_prefix
+        key = key[len(prefix):] if prefix and key.startswith(prefix) else key
         for hf, ours in self.weight_names:
             if key.startswith(hf):
                 return ours + key[len(hf):]
@@ -57,5 +65,5 @@ class Family:
         """Reference parameter name -> the key transformers' save_pretrained writes."""
         for hf, ours in self.weight_names:
             if name.startswith(ours):
-                return HF_PREFIX + hf + name[len(ours):]
-        return HF_PREFIX + name
+                return self.hf_prefix + hf + name[len(ours):]
+        return self.hf_prefix + name

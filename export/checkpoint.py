@@ -85,7 +85,7 @@ def load_state(cfg: GPTConfig, tensors: dict[str, torch.Tensor], origin: str) ->
     fam = family(cfg.arch)
     for key, t in tensors.items():
         name = fam.our_name(key)
-        if name == "lm_head.weight":
+        if name == "lm_head.weight" and name not in expected:  # tied: checked against wte below
             lm_head = t
             continue
         if _IGNORED.match(name):
@@ -136,7 +136,7 @@ def file_sha256(path: Path) -> str:
 
 
 def save_checkpoint(model: GPT, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> None:
-    """Write config.json + model.safetensors in HF layout (the tied LM head is not stored)."""
+    """Write config.json + model.safetensors in HF layout (a tied LM head is not stored)."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)

@@ -11,7 +11,7 @@ from gptedge.runtime.errors import CheckpointError
 from gptedge.runtime.modeldir.manifest import ModelShape
 from gptedge.runtime.registry import FAMILIES
 
-ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu")
+ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu", "silu")  # silu: the gated MLPs of Llama-style families
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,21 @@ class GPTConfig:
     @property
     def mlp_dim(self) -> int:
         return self.n_inner or 4 * self.n_embd
+
+    # What a family with more hyper-parameters (llama.py's LlamaConfig) overrides: the KV cache's heads, an
+    # untied LM head, every end-of-sequence id
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head
+
+    @property
+    def tied_head(self) -> bool:
+        return True
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every end-of-sequence id where there are several; () where eos_token_id alone ends a sequence."""
+        return ()
 
     def shape(self) -> ModelShape:
         return ModelShape(self.arch, self.n_layer, self.n_head, self.head_dim, self.vocab_size, self.n_positions)

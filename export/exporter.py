@@ -34,6 +34,7 @@ from .families import hf_config
 from .hub import resolve_source
 from .onnx_graph import DEFAULT_OPSET, build_graph
 from .reference import GPT
+from .tokenizer_config import adds_bos
 from .tokenizer_files import write_tokenizer
 from .validate import compare_graph_outputs, compare_greedy_ids, graph_steps, greedy_prompts, reference_greedy, reference_outputs
 
@@ -101,9 +102,11 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
     with atomic_output_dir(out, force, inputs=[source_dir] if source_dir else ()) as tmp:
         fused_ops = write_graph(reference, tmp / MODEL_FILE, opset, fused, graph_variant)
         write_json(tmp / "config.json", hf_config(cfg))
-        write_json(tmp / "generation_config.json",
-                   {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.eos_token_id})
+        write_json(tmp / "generation_config.json", {"bos_token_id": cfg.bos_token_id,
+                                                     "eos_token_id": list(cfg.eos_ids) or cfg.eos_token_id,
+                                                     "pad_token_id": cfg.eos_token_id})
         has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False
+        add_bos = adds_bos(source_dir) if has_tokenizer else False
         if source_dir and (template := find_chat_template(source_dir)) is not None:  # what a chat is rendered with
             (tmp / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
             # the special tokens a template writes (bos_token, eos_token, ...), beside what GenAI reads there
@@ -111,7 +114,7 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
         names = IONames(cfg.n_layer)
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
                             pad_id=cfg.eos_token_id, graph=graph_variant, inputs=tuple(names.inputs),
-                            wide_mask=graph_variant == GRAPH_KV_BUFFER,
+                            wide_mask=graph_variant == GRAPH_KV_BUFFER, eos_ids=cfg.eos_ids, add_bos=add_bos,
                             outputs=tuple(names.outputs),
                             source=Source(**(source_info or {}), opset=opset, gptedge_version=__version__,
                                           activation=cfg.activation, layer_norm_epsilon=cfg.layer_norm_epsilon,

@@ -66,16 +66,19 @@ def build_graph(cfg: GPTConfig, weights: Weights, opset: int = DEFAULT_OPSET, fu
     g = GraphWriter(sink, opset)
     g.const(C.LOGITS_TO_KEEP, np.array(0, dtype=np.int64))  # the optional input's default (see _model)
     wte = g.const("wte.weight", weights["wte.weight"])  # (V, C): stored once, used by Gather and the LM head
-    wpe = g.const("wpe.weight", weights["wpe.weight"])  # (n_positions, C)
     allowed = _allowed_mask(g)
-    h = g.one("Add", [g.one("Gather", [wte, C.INPUT_IDS], name="embed_tokens"),
-                      g.one("Gather", [wpe, C.POSITION_IDS], name="embed_positions")])  # (B, S, C)
+    h = g.one("Gather", [wte, C.INPUT_IDS], name="embed_tokens")  # (B, S, C)
+    if fam.positions == "learned":  # rotary families rotate q and k inside their attention instead
+        wpe = g.const("wpe.weight", weights["wpe.weight"])  # (n_positions, C)
+        h = g.one("Add", [h, g.one("Gather", [wpe, C.POSITION_IDS], name="embed_positions")])
     h = fam.write_blocks(g, h, weights, cfg, attention(g, cfg, allowed))
     if fam.final_norm:
-        h = layer_norm(g, h, weights, "ln_f", cfg.layer_norm_epsilon)
+        h = (fam.write_norm(g, h, weights, "ln_f", cfg) if fam.write_norm
+             else layer_norm(g, h, weights, "ln_f", cfg.layer_norm_epsilon))
     h = _keep_last_positions(g, h)  # (B, K, C)
-    # Tied LM head: Gemm with transB reads wte (V, C) as is, so the weight is stored once.
-    rows = g.one("Gemm", [g.one("Reshape", [h, g.i64([-1, cfg.n_embd])]), wte], name="lm_head", transB=1)  # (B*K, V)
+    # Gemm with transB reads a (V, C) head as is: the tied one is wte itself, stored once.
+    head = wte if cfg.tied_head else g.const("lm_head.weight", weights["lm_head.weight"])
+    rows = g.one("Gemm", [g.one("Reshape", [h, g.i64([-1, cfg.n_embd])]), head], name="lm_head", transB=1)  # (B*K, V)
     out_shape = g.one("Concat", [g.one("Shape", [h], start=0, end=2), g.i64([cfg.vocab_size])], axis=0)
     g.one("Reshape", [rows, out_shape], outputs=[C.LOGITS], name="logits_reshape")
     return _model(g, cfg, opset, graph == C.GRAPH_KV_BUFFER)
@@ -83,8 +86,8 @@ def build_graph(cfg: GPTConfig, weights: Weights, opset: int = DEFAULT_OPSET, fu
 
 def _model(g: GraphWriter, cfg: GPTConfig, opset: int, kv_buffer: bool = False) -> onnx.ModelProto:
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
-    kv = [C.DIM_BATCH, cfg.n_head, C.DIM_BUFFER if kv_buffer else C.DIM_PAST, cfg.head_dim]
-    kv_out = [C.DIM_BATCH, cfg.n_head, C.DIM_BUFFER if kv_buffer else C.DIM_TOTAL, cfg.head_dim]
+    kv = [C.DIM_BATCH, cfg.kv_heads, C.DIM_BUFFER if kv_buffer else C.DIM_PAST, cfg.head_dim]
+    kv_out = [C.DIM_BATCH, cfg.kv_heads, C.DIM_BUFFER if kv_buffer else C.DIM_TOTAL, cfg.head_dim]
     inputs = [helper.make_tensor_value_info(C.INPUT_IDS, i64, [C.DIM_BATCH, C.DIM_SEQ]),
               helper.make_tensor_value_info(C.ATTENTION_MASK, i64, [C.DIM_BATCH, C.DIM_TOTAL]),
               helper.make_tensor_value_info(C.POSITION_IDS, i64, [C.DIM_BATCH, C.DIM_SEQ])]

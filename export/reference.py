@@ -1,8 +1,9 @@
 """The PyTorch reference GPT: the parity oracle for every graph gptedge builds.
 
-Learned token + position embeddings, the family's blocks (families.py: GPT-2 pre-LN with a
-final LN, the original GPT post-LN without), tied LM head. Parameter names follow HF GPT-2
-without the "transformer." prefix, so checkpoints map onto it by renaming only.
+Token embeddings (+ learned positions, or rotary ones inside the blocks), the family's blocks
+(families.py: GPT-2 pre-LN with a final LN, the original GPT post-LN without, the Llama-style and
+GPT-NeoX descendants), the LM head (tied unless the family's config unties it). Parameter names
+follow HF's without the model prefix, so checkpoints map onto it by renaming only.
 """
 
 from __future__ import annotations
@@ -27,17 +28,20 @@ class GPT(nn.Module):
         super().__init__()
         fam = family(cfg.arch)
         self.cfg = cfg
+        self.rotary = fam.positions == "rotary"  # blocks take the position ids; no learned table
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.wpe = None if self.rotary else nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.h = nn.ModuleList(fam.block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon) if fam.final_norm else None
+        final = fam.norm or (lambda c: nn.LayerNorm(c.n_embd, eps=c.layer_norm_epsilon))
+        self.ln_f = final(cfg) if fam.final_norm else None
+        self.lm_head = None if cfg.tied_head else nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
 
     def init_weights(self, seed: int, std: float = 0.02) -> "GPT":
         """GPT-2's initialisation, seeded; LayerNorms get a little noise so parity tests exercise them."""
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
-                if ".ln_" in f".{name}" or name.startswith("ln_f"):
+                if ".ln_" in f".{name}" or name.startswith("ln_f") or "norm." in name:
                     p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(p.shape, generator=g))
                 else:
                     p.copy_(std * torch.randn(p.shape, generator=g))
@@ -51,7 +55,8 @@ class GPT(nn.Module):
         past: list[KV] | None = None,  # n_layer x (B, nh, P, hs)
     ) -> tuple[torch.Tensor, list[KV]]:
         h, presents = self.states(input_ids, attention_mask, position_ids, past)
-        logits = h @ self.wte.weight.T  # (B, S, V), tied LM head
+        head = self.wte if self.lm_head is None else self.lm_head
+        logits = h @ head.weight.T  # (B, S, V), the tied LM head unless the family's config unties it
         return logits, presents
 
     def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -66,10 +71,11 @@ class GPT(nn.Module):
         if position_ids is None:  # left padding: the runtime's rule (generation.positions), in torch
             position_ids = reference_positions(attention_mask)[:, P:]
         allowed = attention_allowed(attention_mask, S)  # (B, 1, S, P + S)
-        h = self.wte(input_ids) + self.wpe(position_ids)  # (B, S, C)
+        h = self.wte(input_ids) if self.rotary else self.wte(input_ids) + self.wpe(position_ids)  # (B, S, C)
+        rotary = (position_ids,) if self.rotary else ()
         presents: list[KV] = []
         for i, block in enumerate(self.h):
-            h, present = block(h, allowed, past[i] if past else None)
+            h, present = block(h, allowed, past[i] if past else None, *rotary)
             presents.append(present)
         if self.ln_f is not None:
             h = self.ln_f(h)
@@ -87,7 +93,7 @@ def greedy_ids(model: GPT, prompt_ids: list[int], max_new_tokens: int) -> list[i
         nxt = int(logits[0, -1].argmax())
         out.append(nxt)
         total += 1
-        if total >= model.cfg.n_positions or nxt == model.cfg.eos_token_id:
+        if total >= model.cfg.n_positions or nxt == model.cfg.eos_token_id or nxt in model.cfg.eos_ids:
             break
         mask = torch.ones(1, total, dtype=torch.long)
         logits, past = model(torch.tensor([[nxt]]), mask, torch.tensor([[total - 1]]), past)

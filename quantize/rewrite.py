@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 
 from gptedge.onnx_files import Initializers
 from gptedge.runtime.contract import INPUT_IDS, past_key
+from gptedge.runtime.errors import QuantizationError
 
 MS_DOMAIN = "com.microsoft"
 
@@ -78,6 +79,21 @@ class Rewrite:
                 found[out] = (add, bias)
         return found
 
+    def untied_head(self) -> tuple[onnx.NodeProto, onnx.NodeProto] | None:
+        """-> (the token embedding's Gather, the LM head's Gemm) where the head has a (V, C) weight of its own
+        (Llama-style untied heads); None where the head is tied or there is none."""
+        ids = {INPUT_IDS} | {n.output[0] for n in self.model.graph.node if n.op_type == "Reshape" and n.input[0] == INPUT_IDS}
+        gather = next((n for n in self.model.graph.node if n.op_type == "Gather" and n.input[1] in ids
+                       and n.input[0] in self.weights), None)
+        if gather is None:
+            return None
+        for gemm in self.model.graph.node:
+            if (gemm.op_type == "Gemm" and gemm.input[1] in self.weights and gemm.input[1] != gather.input[0]
+                    and next((a.i for a in gemm.attribute if a.name == "transB"), 0) == 1
+                    and self.weights.shape(gemm.input[1]) == self.weights.shape(gather.input[0])):
+                return gather, gemm
+        return None
+
     def tied_embedding(self) -> tuple[str, onnx.NodeProto, onnx.NodeProto | None]:
         """-> (weight name, its Gather, its LM-head Gemm); a task head's graph has no LM head: its Gemm is None
         and the Gather is the token embedding's (the one reading input_ids, directly or reshaped)."""
@@ -92,6 +108,9 @@ class Rewrite:
                        and n.input[0] in self.weights), None)
         if gather is not None and not any(i.name == past_key(0) for i in self.model.graph.input):  # no KV cache
             return gather.input[0], gather, None
+        if self.untied_head() is not None:
+            raise QuantizationError("this method takes a tied embedding / LM head only; the graph's LM head has a "
+                                    "weight of its own (untied): use --method weight-only")
         raise ValueError("graph has no tied embedding / LM head (Gather + Gemm transB on one weight)")
 
     def finish(self, producer_note: str) -> onnx.ModelProto:

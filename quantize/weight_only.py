@@ -100,13 +100,20 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
     embedding_bits = embedding_bits or bits
     r = Rewrite(model, base_dir)
     float_head = None if quantize_head else r.head_linear()  # a task head's score, kept a float MatMul
-    wte, gather, gemm = r.tied_embedding()
+    untied = r.untied_head()  # Llama-style: the LM head's (V, C) weight is its own, quantized as the embedding is
+    if untied is not None:
+        gather, gemm = untied
+        wte = gather.input[0]
+    else:
+        wte, gather, gemm = r.tied_embedding()
     vocab, width = r.weights.shape(wte)
     for node in model.graph.node:  # every K must hold whole blocks (n_embd; the MLP width for c_proj)
         if r.is_linear(node) and r.weights.shape(node.input[1])[0] % block_size:
             raise QuantizationError(f"{node.input[1]}: K={r.weights.shape(node.input[1])[0]} is not a multiple "
                                     f"of block size {block_size}")
     tied = _blocked_weight(r, wte, r.weights[wte], embedding_bits, block_size, symmetric)
+    head = tied if untied is None else _blocked_weight(r, gemm.input[1], r.weights[gemm.input[1]], embedding_bits,
+                                                       block_size, symmetric)
     sym = "symmetric" if symmetric or embedding_bits == 8 else "asymmetric"
     for node in model.graph.node:
         if node is gather:
@@ -114,9 +121,10 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
             r.quantized[node.name] = (f"{embedding_bits}-bit {sym} embedding (blocks of {block_size}, "
                                       "shared with the LM head)")
         elif node is gemm:
-            r.node("MatMulNBits", [node.input[0], *tied], list(node.output), node.name, domain=MS_DOMAIN,
+            r.node("MatMulNBits", [node.input[0], *head], list(node.output), node.name, domain=MS_DOMAIN,
                    K=width, N=vocab, bits=embedding_bits, block_size=block_size, accuracy_level=accuracy_level)
-            r.quantized[node.name] = f"MatMulNBits (LM head, tied {embedding_bits}-bit weight)"
+            r.quantized[node.name] = (f"MatMulNBits (LM head, {'tied ' if untied is None else ''}"
+                                      f"{embedding_bits}-bit weight)")
         elif r.is_linear(node) and node.name != float_head:
             w = r.weights[node.input[1]]  # (K, N)
             width_bits = 8 if kept_at_8bit(node.input[1].removesuffix(".weight"), keep_8bit) else bits

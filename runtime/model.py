@@ -97,6 +97,13 @@ class LoadedModel:
     def encode(self, text: str) -> list[int]:
         return encode(self.tokenizer, check_text(text, "the text to encode"))
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's ids as the checkpoint's tokenizer makes them: bos_id first where the manifest says
+        add_bos (Llama-style tokenizers; transformers' tokenizer adds it too), the text's ids alone otherwise."""
+        ids = self.encode(text)
+        m = self.manifest
+        return [m.bos_id, *ids] if m.add_bos and m.bos_id is not None else ids
+
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids (each inside the model's vocabulary) -> text."""
         return decode(self.tokenizer, check_ids(ids, self.manifest.shape.vocab_size))
@@ -105,7 +112,7 @@ class LoadedModel:
     def _prompt_ids(self, prompt) -> list[int]:
         """A prompt as text or ids -> ids, every one inside the vocabulary."""
         if isinstance(prompt, str):
-            return encode(self.tokenizer, check_text(prompt, "the prompt"))
+            return self.encode_prompt(check_text(prompt, "the prompt"))
         if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (Sequence, np.ndarray)):
             raise TypeError(f"a prompt is a str or a sequence of token ids, got {type(prompt).__name__}")
         return check_ids(prompt, self.manifest.shape.vocab_size)
@@ -119,7 +126,7 @@ class LoadedModel:
         ids = [self._prompt_ids(p) for p in prompts]
         m = self.manifest
         pad = m.pad_id if m.pad_id is not None else (m.eos_id or 0)
-        eos = None if ignore_eos else m.eos_id
+        eos = None if ignore_eos else (m.stop_ids or None)
         return run_generation(self.variant, ids, params, max_new_tokens, m.shape.context_length, eos, pad,
                               self.tokenizer if with_text else None, tuple(stop), prefill_chunk)
 
@@ -161,7 +168,7 @@ class LoadedModel:
         ids = [self._prompt_ids(p) for p in prompts]
         m = self.manifest
         pad = m.pad_id if m.pad_id is not None else (m.eos_id or 0)
-        results = beam_search(self.variant, ids, max_new_tokens, m.shape.context_length, m.eos_id, pad, options,
+        results = beam_search(self.variant, ids, max_new_tokens, m.shape.context_length, m.stop_ids or None, pad, options,
                               prefill_chunk)
         if self.has_tokenizer:
             for r in results:

@@ -126,6 +126,11 @@ class Registry(Generic[E, T]):
 FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
     "gpt2": FamilyEntry("gptedge.export.gpt2", final_norm=True),
     "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False),
+    "llama": FamilyEntry("gptedge.export.llama"),  # RMSNorm, not LayerNorm: no norm count to check
+    # GPT-NeoX has GPT-2's norm count (2n + 1): not said, so a GPT-2 graph's count still names GPT-2 alone
+    "gpt_neox": FamilyEntry("gptedge.export.gpt_neox"),
+    "qwen2": FamilyEntry("gptedge.export.qwen2"),
+    "mistral": FamilyEntry("gptedge.export.mistral"),
 })
 QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization method", "METHOD", {
     "dynamic": MethodEntry("gptedge.quantize.dynamic",

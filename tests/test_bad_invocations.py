@@ -133,7 +133,7 @@ def _bad_checkpoint(work: Path, breakage: str) -> None:
         (ck / "config.json").write_text("{")
     elif breakage == "model_type":
         (ck / "config.json").write_text(json.dumps({**json.loads((ck / "config.json").read_text()),
-                                                    "model_type": "llama"}))
+                                                    "model_type": "mamba"}))
     elif breakage == "no_weights":
         (ck / "model.safetensors").unlink()
     else:
@@ -284,7 +284,7 @@ ROWS = [
     *[Row(f"export-bad-checkpoint-{b}", ["export", "ck", "-o", "out"], 1, says, ("ck",),
           lambda w, b=b: _bad_checkpoint(w, b))
       for b, says in [("no_config", "no config.json"), ("bad_json", "not valid JSON"),
-                      ("model_type", "model_type 'llama'"), ("no_weights", "no model.safetensors or pytorch_model.bin"),
+                      ("model_type", "model_type 'mamba'"), ("no_weights", "no model.safetensors or pytorch_model.bin"),
                       ("corrupt_weights", "cannot read weights")]],
     Row("compare-text-not-utf8", ["compare", "m", "--text", "bad.txt"], 1, "bad.txt: not UTF-8 text", ("m",),
         lambda w: (w / "bad.txt").write_bytes(b"\xff\xfe\x00bad")),

@@ -102,10 +102,10 @@ def test_unknown_family_and_unsupported_fields_are_named():
     from gptedge.export.config import GPTConfig
     from gptedge.runtime.errors import CheckpointError
 
-    with pytest.raises(CheckpointError, match="model_type 'llama' is not supported"):
-        read_hf_config({"model_type": "llama"})
-    with pytest.raises(CheckpointError, match="arch 'llama'"):
-        GPTConfig(arch="llama")
+    with pytest.raises(CheckpointError, match="model_type 'mamba' is not supported"):
+        read_hf_config({"model_type": "mamba"})
+    with pytest.raises(CheckpointError, match="arch 'mamba'"):
+        GPTConfig(arch="mamba")
     with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx=True"):
         read_hf_config({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True})
     with pytest.raises(CheckpointError, match="no exact-erf GELU"):

@@ -32,7 +32,8 @@ def special_tokens(ctx, param, value: tuple[str, ...]) -> dict[str, str | int]:
 @click.option("--plain-ops", is_flag=True,
               help="Standard ONNX ops only (no ONNX Runtime contrib ops such as MultiHeadAttention).")
 @click.option("--graph", "graph_variant", type=registry_choice(GRAPH_VARIANTS), default=GRAPH_STANDARD,
-              show_default=True, help="kv_buffer: GPT-2 only, an in-place KV cache (faster decode, not Optimum's contract).")
+              show_default=True, help="kv_buffer: an in-place KV cache (faster decode, not Optimum's contract; GPT-2 and the "
+                   "rotary families, not the original GPT).")
 @click.option("--revision", default=None, help="Hub SOURCE: branch, tag or commit (default: main).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16: the validated fp32 export, halved (as quantize --method fp16); for --device cuda.")
@@ -44,7 +45,7 @@ def special_tokens(ctx, param, value: tuple[str, ...]) -> dict[str, str | int]:
                    "tokenizer_config.json does not declare it (bos_token / sep_token / cls_token). Repeatable.")
 def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str,
            revision: str | None, precision: str, task: str | None, special: dict) -> None:
-    """Export a GPT-2 / GPT checkpoint to a model dir, then validate it.
+    """Export a GPT-2 / GPT / Llama-style / GPT-NeoX checkpoint to a model dir, then validate it.
 
     SOURCE: a local HF checkpoint dir, or a Hugging Face Hub id (gpt2, openai-community/gpt2-medium)."""
     check_output(out, force, inputs=[source])  # before importing torch, let alone loading

@@ -172,7 +172,7 @@ class Api(Routes):
 
     def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
         """Each prompt's ids: tokenizer work, run off the event loop. The engine checks them (submit)."""
-        return [self.model.encode(p) if isinstance(p, str) else list(p) for p in params.prompts]
+        return [self.model.encode_prompt(p) if isinstance(p, str) else list(p) for p in params.prompts]
 
     def echoes(self, params: CompletionParams, ids: list[list[int]]) -> list[str]:
         """Each prompt's echoed text ('' without echo): tokenizer work too, off the event loop, once the engine has

@@ -51,10 +51,13 @@ def _check_names(session, manifest: Manifest, model_path: Path) -> None:
 def _check_shape(variant: GraphVariant, shape: ModelShape, model_path: Path) -> None:
     past = next(i for i in variant.session.get_inputs() if i.name == C.past_key(0))  # (B, nh, P, hs)
     pack = variant.shape.head_dim // variant.kv_width  # 2 for an int4 cache: two values a byte
-    declared = {"n_head": past.shape[1], "head_dim": past.shape[3] * pack if isinstance(past.shape[3], int) else None}
+    heads = "n_head" if shape.n_kv_head is None else "n_kv_head"  # the cache holds kv_heads (GQA: fewer)
+    claimed = {"n_head": shape.kv_heads, "n_kv_head": shape.kv_heads, "head_dim": shape.head_dim,
+               "vocab_size": shape.vocab_size}
+    declared = {heads: past.shape[1], "head_dim": past.shape[3] * pack if isinstance(past.shape[3], int) else None}
     for name, value in declared.items():  # symbolic dims (other exporters) are checked by the probe below
-        if isinstance(value, int) and value != getattr(shape, name):
-            raise ModelDirError(f"{model_path}: {MANIFEST_NAME} says {name} {getattr(shape, name)}, "
+        if isinstance(value, int) and value != claimed[name]:
+            raise ModelDirError(f"{model_path}: {MANIFEST_NAME} says {name} {claimed[name]}, "
                                 f"the graph has {value}")
     last = shape.context_length - 1
     one = np.ones((1, 1), dtype=np.int64)
@@ -63,10 +66,10 @@ def _check_shape(variant: GraphVariant, shape: ModelShape, model_path: Path) -> 
     except Exception as e:  # ONNX Runtime raises its own types; the first line says what broke
         raise ModelDirError(f"{model_path}: the graph does not run at position {last} ({MANIFEST_NAME} says "
                             f"context_length {shape.context_length}): {str(e).splitlines()[0][:160]}") from None
-    found = {"vocab_size": logits.shape[-1], "n_head": presents[0].shape[1], "head_dim": presents[0].shape[3] * pack}
+    found = {"vocab_size": logits.shape[-1], heads: presents[0].shape[1], "head_dim": presents[0].shape[3] * pack}
     for name, value in found.items():
-        if value != getattr(shape, name):
-            raise ModelDirError(f"{model_path}: {MANIFEST_NAME} says {name} {getattr(shape, name)}, "
+        if value != claimed[name]:
+            raise ModelDirError(f"{model_path}: {MANIFEST_NAME} says {name} {claimed[name]}, "
                                 f"the graph has {value}")
 
 

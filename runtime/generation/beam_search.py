@@ -60,9 +60,11 @@ class _Beams:
 
 
 def beam_search(variant: GraphVariant, prompts: Sequence[Sequence[int]], max_new_tokens: int, context_length: int,
-                eos_id: int | None, pad_id: int, options: BeamOptions = BeamOptions(),
+                eos_id: int | tuple[int, ...] | None, pad_id: int, options: BeamOptions = BeamOptions(),
                 prefill_chunk: int | None = None) -> list[BeamResult]:
+    """eos_id: the end-of-sequence id, or every one where a model has several."""
     check_prompts(prompts, max_new_tokens, context_length)
+    eos_id = (eos_id,) if isinstance(eos_id, int) else (tuple(eos_id) if eos_id else None)
     B, K = len(prompts), options.num_beams
     ids, mask = left_pad(prompts, pad_id)
     prompt_len = ids.shape[1]
@@ -70,7 +72,7 @@ def beam_search(variant: GraphVariant, prompts: Sequence[Sequence[int]], max_new
     ids, mask = np.repeat(ids, K, axis=0), np.repeat(mask, K, axis=0)  # (B*K, L): row b*K + k
     state = variant.start(B * K, prompt_len + max_new)
     logits = prefill(state, ids, mask, variant.prefill_chunk(B * K, prefill_chunk))
-    fill = pad_id if pad_id is not None else (eos_id if eos_id is not None else -1)
+    fill = pad_id if pad_id is not None else (eos_id[0] if eos_id is not None else -1)
     beams = _Beams(np.full((B, K, max_new), fill, np.int64), np.where(np.arange(K) == 0, 0.0, NEG)[None].repeat(B, 0)
                    .astype(np.float32), np.full((B, K, max_new), fill, np.int64), np.full((B, K), NEG, np.float32),
                    np.zeros((B, K), np.int64), np.zeros((B, K), bool), np.ones((B, 1), bool))
@@ -86,18 +88,18 @@ def beam_search(variant: GraphVariant, prompts: Sequence[Sequence[int]], max_new
     return _results(beams, prompts, options.num_return_sequences)
 
 
-def _step(beams: _Beams, logp: np.ndarray, t: int, max_new: int, eos_id: int | None,
+def _step(beams: _Beams, logp: np.ndarray, t: int, max_new: int, eos_id: tuple[int, ...] | None,
           options: BeamOptions) -> tuple[np.ndarray, bool]:
     """One token for every beam: transformers' top-k continuations, running-beam selection and
     finished-beam update. logp (B, K, V). -> (source beam of each new running beam (B, K), all hit a stop)."""
     B, K, V = logp.shape
-    keep = max(2, 1 + (eos_id is not None)) * K
+    keep = max(2, 1 + len(eos_id or ())) * K  # transformers' count: one more candidate per eos id
     acc = (logp + beams.running_scores[:, :, None]).reshape(B, K * V)
     top = _top(acc, keep)  # (B, keep)
     top_lp, src, tok = np.take_along_axis(acc, top, axis=1), top // V, top % V
     top_seqs = _gather(beams.running_seqs, src).copy()  # (B, keep, max_new)
     top_seqs[:, :, t] = tok
-    hits = np.full(tok.shape, t + 1 >= max_new) | ((tok == eos_id) if eos_id is not None else False)
+    hits = np.full(tok.shape, t + 1 >= max_new) | (np.isin(tok, eos_id) if eos_id is not None else False)
     # running: the K best continuations that did not just stop
     running_lp = top_lp + hits.astype(np.float32) * NEG
     nxt = _top(running_lp, K)

@@ -99,13 +99,14 @@ class SequenceState:
     rng: np.random.Generator
     seen: list[int]  # prompt + generated ids: what a repetition penalty reads
 
-    def take(self, tok: int, eos_id: int | None, max_new_tokens: int, context_length: int) -> str:
-        """Record one new token -> the text it completes ("" when none); sets result.stop when done."""
+    def take(self, tok: int, eos_id: int | tuple[int, ...] | None, max_new_tokens: int, context_length: int) -> str:
+        """Record one new token -> the text it completes ("" when none); sets result.stop when done.
+        eos_id: the end-of-sequence id, or every one where a model has several (Manifest.stop_ids)."""
         r = self.result
         r.ids.append(tok)
         self.seen.append(tok)
         piece = self.stream.push(tok) if self.stream is not None else ""
-        if eos_id is not None and tok == eos_id:
+        if eos_id is not None and (tok in eos_id if isinstance(eos_id, tuple) else tok == eos_id):
             r.stop = STOP_EOS
         elif self.stream is not None and self.stream.stopped:
             r.stop = STOP_STRING
@@ -118,7 +119,7 @@ class SequenceState:
 
 def run_generation(
     variant: GraphVariant, prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: int,
-    context_length: int, eos_id: int | None, pad_id: int, tokenizer=None, stop_strings: Sequence[str] = (),
+    context_length: int, eos_id: int | tuple[int, ...] | None, pad_id: int, tokenizer=None, stop_strings: Sequence[str] = (),
     prefill_chunk: int | None = PREFILL_CHUNK,
 ) -> Generator[tuple[int, str], None, list[Generation]]:
     """Yields (row, text piece) as text completes; returns one Generation per prompt."""

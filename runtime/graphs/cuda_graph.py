@@ -69,7 +69,7 @@ class GraphDecoder:
             return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape_, dtype), device, 0)
 
         # Zeroed once: a column past the timeline is masked, but 0 x NaN bits would still leak through attention.
-        self.kv = [zeros((batch, shape.n_head, self.context, variant.kv_width), variant.kv_dtype)
+        self.kv = [zeros((batch, shape.kv_heads, self.context, variant.kv_width), variant.kv_dtype)
                    for _ in range(2 * shape.n_layer)]
         self.ids, self.pos = zeros((batch, 1), np.int64), zeros((batch, 1), np.int64)  # (B, 1) each
         self.mask_host = np.zeros((batch, self.context), np.int64)  # (B, context): the host copy of self.mask

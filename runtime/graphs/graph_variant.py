@@ -89,7 +89,7 @@ class GraphVariant:
     # -- every position -----------------------------------------------------------------------------
     def empty_past(self, batch: int) -> list[np.ndarray]:
         """A zero-length past (B, nh, 0, width) per key and value, for forward()."""
-        shape = (batch, self.shape.n_head, 0, self.kv_width)
+        shape = (batch, self.shape.kv_heads, 0, self.kv_width)
         return [np.zeros(shape, self.kv_dtype) for _ in range(2 * self.shape.n_layer)]
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,

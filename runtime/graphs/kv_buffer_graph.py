@@ -31,7 +31,7 @@ class KVBufferState:
 
     def __init__(self, graph: "KVBufferGraph", batch: int, max_length: int):
         shape = graph.shape
-        kv_shape = (batch, shape.n_head, max_length, graph.kv_width)  # kv_width: head_dim, or head_dim / 2 (int4)
+        kv_shape = (batch, shape.kv_heads, max_length, graph.kv_width)  # kv_width: head_dim, or head_dim / 2 (int4)
         # Left uninitialised: GroupQueryAttention reads positions < total_sequence_length only, and every
         # such position (padding included) was written by an earlier step of this generation.
         self.buffers = [graph.ort.OrtValue.ortvalue_from_shape_and_type(kv_shape, graph.kv_dtype, graph.kv_device, 0)
@@ -186,7 +186,7 @@ class KVBufferGraph(GraphVariant):
         feeds = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: np.ones_like(input_ids),
                  C.POSITION_IDS: np.arange(input_ids.shape[1], dtype=np.int64)[None],
                  C.LOGITS_TO_KEEP: np.array(0, dtype=np.int64)}
-        kv_shape = (1, shape.n_head, input_ids.shape[1] + 1, shape.head_dim)
+        kv_shape = (1, shape.kv_heads, input_ids.shape[1] + 1, shape.head_dim)
         feeds.update({name: np.zeros(kv_shape, np.float32) for name in C.IONames(shape.n_layer).past_names})
         return feeds
 

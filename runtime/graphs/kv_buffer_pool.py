@@ -64,7 +64,7 @@ class SlotPool:
         with _without_huge_pages():
             # (2 x capacity, nh, max_len, width) in the cache's type (runtime/modeldir/kv_cache.py): int8 is a
             # quarter of fp32
-            self.kv = [np.zeros((2 * capacity, shape.n_head, max_length, variant.kv_width), variant.kv_dtype)
+            self.kv = [np.zeros((2 * capacity, shape.kv_heads, max_length, variant.kv_width), variant.kv_dtype)
                        for _ in range(2 * shape.n_layer)]
         self._rows: list[int] = []  # row -> seq, rows 0..n-1
         self._lengths: list[int] = []  # row -> positions held

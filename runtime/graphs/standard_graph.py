@@ -66,7 +66,7 @@ class StandardGraph(GraphVariant):
     def calibration_feeds(cls, input_ids: np.ndarray, shape: ModelShape) -> dict[str, np.ndarray]:
         feeds = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: np.ones_like(input_ids),
                  C.POSITION_IDS: np.arange(input_ids.shape[1], dtype=np.int64)[None]}
-        kv_shape = (1, shape.n_head, 0, shape.head_dim)
+        kv_shape = (1, shape.kv_heads, 0, shape.head_dim)
         feeds.update({name: np.zeros(kv_shape, np.float32) for name in C.IONames(shape.n_layer).past_names})
         return feeds
 

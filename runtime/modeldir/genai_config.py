@@ -62,7 +62,7 @@ def genai_config(manifest: Manifest, generation: dict[str, Any] | None = None) -
             "head_size": shape.head_dim,
             "hidden_size": shape.n_embd,
             "num_attention_heads": shape.n_head,
-            "num_key_value_heads": shape.n_head,
+            "num_key_value_heads": shape.kv_heads,
             "num_hidden_layers": shape.n_layer,
             "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
                        "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},

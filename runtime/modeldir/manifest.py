@@ -50,12 +50,23 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     context_length: int
+    # Key/value heads where fewer than n_head (grouped-query attention, Llama-style families); absent (None):
+    # n_head, and the manifest is written without the key, as before
+    n_kv_head: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "head_dim", "vocab_size", "context_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelDirError(f"manifest shape.{name} should be a positive integer, got {value!r}")
+        kv = self.n_kv_head
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_head % kv):
+            raise ModelDirError(f"manifest shape.n_kv_head should divide n_head {self.n_head}, got {kv!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        """The heads a KV cache holds: what every cache buffer is sized by."""
+        return self.n_kv_head or self.n_head
 
     @property
     def n_embd(self) -> int:
@@ -203,6 +214,11 @@ class Manifest:
     # timeline_lengths), so a decode step may bind a mask wider than the positions held: what a captured CUDA
     # graph needs (runtime/graphs/cuda_graph.py). Absent (False) in older dirs and written only when True.
     wide_mask: bool = False
+    # Every end-of-sequence id where a checkpoint has several (generation_config.json's eos_token_id as a list,
+    # eos_id the first); absent (()): eos_id alone
+    eos_ids: tuple[int, ...] = ()
+    # Text prompts start with bos_id (tokenizer_config.json's add_bos_token); absent: False (GPT-2 adds none)
+    add_bos: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -231,6 +247,11 @@ class Manifest:
             del d["kv_cache"]  # as format 2 wrote it, so an older gptedge still reads the dir
         if not self.wide_mask:
             del d["wide_mask"]
+        if self.shape.n_kv_head is None:
+            del d["shape"]["n_kv_head"]
+        for key, absent in (("eos_ids", []), ("add_bos", False)):
+            if d[key] == absent:
+                del d[key]  # written only where a family needs them, so an older gptedge reads the rest
         return d
 
     @classmethod
@@ -241,6 +262,11 @@ class Manifest:
             raise ModelDirError(f"manifest format_version {version!r} is not supported (this gptedge reads "
                                 f"{readable})")
         return typed(cls, d, "manifest")
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The ids that end a sequence: eos_ids, or eos_id alone; () when there is none."""
+        return self.eos_ids or (() if self.eos_id is None else (self.eos_id,))
 
     def replace(self, **changes: Any) -> Manifest:
         return dataclasses.replace(self, **changes)

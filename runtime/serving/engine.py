@@ -329,7 +329,7 @@ class Engine:
             logprob = float(logp[tok])
             best = np.argpartition(-logp, req.logprobs)[: req.logprobs]
             top = {int(i): float(logp[i]) for i in best[np.argsort(-logp[best])]}
-        eos = None if req.ignore_eos else self.model.manifest.eos_id
+        eos = None if req.ignore_eos else (self.model.manifest.stop_ids or None)
         piece = state.take(tok, eos, req.max_new_tokens, self.model.manifest.shape.context_length)
         if not req.ignore_eos and tok in req.stop_ids and state.result.stop != STOP_EOS:
             state.result.stop = STOP_EOS  # the end of a chat turn: a stop, whatever else take() found

@@ -1,0 +1,155 @@
+"""Graph pieces of the rotary families (llama.py): RMSNorm, rotary positions, grouped-query attention.
+
+Two attention writers, one per graph variant, called per layer as graph_attention.py's are:
+
+- RotaryPlainAttention (standard graph): plain ONNX ops, the reference's computation. q and k rotated
+  with the cos/sin rows of position_ids, the cache concatenated, kv heads repeated for their query
+  heads (grouped-query attention), masked scores replaced, softmax, PV.
+- RotaryGroupQueryAttention (kv_buffer graph): ONNX Runtime's RotaryEmbedding on q and k, then
+  GroupQueryAttention with kv_num_heads < num_heads over the shared buffer. Rotary is applied OUTSIDE
+  GroupQueryAttention, on purpose: its own rotary (do_rotary=1) takes each row's position from the
+  buffer index on a first prompt (ONNX Runtime 1.32 reads only the first element of position_ids
+  there), while a left-padded row's own position is cumsum(mask) - 1. The attention scores would
+  survive that shift (rotary is relative), but the cached keys would not: decode steps, which do honour
+  position_ids, would then rotate new keys on another scale than the cached ones, and the continuous
+  batch (runtime SlotPool) moves rows along the buffer, changing every row's offset. With position_ids
+  from the caller the cache holds what the reference's does, byte for byte comparable (rung 3).
+
+Projection weights are stored [in, out] (the MatMul's layout; transformers' Linear stores [out, in]).
+A family names its projections through `project` / `output` (Llama's q_proj, k_proj, v_proj, o_proj).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+
+from gptedge.runtime import contract as C
+
+from .graph_writer import Weights
+from .config import GPTConfig
+from .graph_attention import AttentionWriter, GroupQueryAttention
+from .graph_writer import FLOAT_MIN, MS_DOMAIN, GraphWriter
+from .rotary import inv_freq, tables
+
+
+def dense(g: GraphWriter, x: str, w: Weights, prefix: str) -> str:
+    """x @ W.T [+ b] for a transformers Linear (W [out, in]); the bias where the weights have one."""
+    weight = np.ascontiguousarray(w[f"{prefix}.weight"].T)  # [in, out]
+    y = g.one("MatMul", [x, g.const(f"{prefix}.weight", weight)], name=f"{prefix}.MatMul")
+    if f"{prefix}.bias" not in w:
+        return y
+    return g.one("Add", [y, g.const(f"{prefix}.bias", w[f"{prefix}.bias"])], name=f"{prefix}.Add")
+
+
+def rms_norm(g: GraphWriter, x: str, w: Weights, prefix: str, eps: float) -> str:
+    """weight * x / sqrt(mean(x^2) + eps) over the last axis, in the shape ONNX Runtime fuses into
+    SimplifiedLayerNormalization (opset 17 has no RMSNormalization)."""
+    ms = g.one("ReduceMean", [g.one("Pow", [x, g.f32(2.0)])], axes=[-1], keepdims=1)
+    y = g.one("Div", [x, g.one("Sqrt", [g.one("Add", [ms, g.f32(eps)])])])
+    return g.one("Mul", [g.const(f"{prefix}.weight", w[f"{prefix}.weight"]), y], name=prefix)
+
+
+class _Rotary:
+    """What both writers share: the cos/sin caches (n_positions, r / 2), stored once, and the projections."""
+
+    rotary_dim: int
+    n_kv: int
+
+    def _rotary_setup(self, g: GraphWriter, cfg: GPTConfig) -> None:
+        self.rotary_dim = cfg.rotary_dim
+        self.n_kv = cfg.kv_heads
+        cos, sin = tables(inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling), cfg.n_positions)
+        self.cos_cache = g.const("rotary.cos_cache", cos)
+        self.sin_cache = g.const("rotary.sin_cache", sin)
+
+    def project(self, g: GraphWriter, x: str, w: Weights, i: int) -> tuple[str, str, str]:
+        """x (B, S, C) -> q (B, S, nh * hs), k and v (B, S, nkv * hs)."""
+        p = f"h.{i}.self_attn"
+        return tuple(dense(g, x, w, f"{p}.{n}_proj") for n in "qkv")  # type: ignore[return-value]
+
+    def output(self, g: GraphWriter, y: str, w: Weights, i: int) -> str:
+        return dense(g, y, w, f"h.{i}.self_attn.o_proj")
+
+
+class RotaryPlainAttention(_Rotary, AttentionWriter):
+    graphs = frozenset({C.GRAPH_STANDARD})
+    contrib = False
+
+    def __init__(self, g: GraphWriter, cfg: GPTConfig, allowed: str):
+        super().__init__(g, cfg, allowed)
+        self.allowed = allowed
+        self._rotary_setup(g, cfg)
+        # (B, 1, S, r / 2): each position's row, shared by every layer
+        self.cos = g.one("Unsqueeze", [g.one("Gather", [self.cos_cache, C.POSITION_IDS]), g.i64([1])], name="rotary.cos")
+        self.sin = g.one("Unsqueeze", [g.one("Gather", [self.sin_cache, C.POSITION_IDS]), g.i64([1])], name="rotary.sin")
+
+    def _heads(self, t: str, n: int) -> str:
+        g = self.g
+        return g.one("Transpose", [g.one("Reshape", [t, g.i64([0, 0, n, self.head_dim])])], perm=[0, 2, 1, 3])
+
+    def _rotate(self, x: str) -> str:
+        """x (B, n, S, hs) -> its first rotary_dim channels rotated half against half (rotary.rotate)."""
+        g, half = self.g, self.rotary_dim // 2
+        sizes = [half, half] + ([self.head_dim - self.rotary_dim] if self.rotary_dim < self.head_dim else [])
+        parts = g.op("Split", [x, g.i64(sizes)], n_out=len(sizes), axis=-1)
+        x1, x2 = parts[0], parts[1]
+        first = g.one("Sub", [g.one("Mul", [x1, self.cos]), g.one("Mul", [x2, self.sin])])
+        second = g.one("Add", [g.one("Mul", [x2, self.cos]), g.one("Mul", [x1, self.sin])])
+        return g.one("Concat", [first, second, *parts[2:]], axis=-1)
+
+    def _repeat(self, t: str) -> str:
+        """(B, nkv, T, hs) -> (B, nh, T, hs): kv head j serves query heads j * rep .. j * rep + rep - 1."""
+        rep = self.n_head // self.n_kv
+        if rep == 1:
+            return t
+        g = self.g
+        grown = g.one("Expand", [g.one("Unsqueeze", [t, g.i64([2])]), g.i64([1, 1, rep, 1, 1])])  # (B, nkv, rep, T, hs)
+        return g.one("Reshape", [grown, g.i64([0, self.n_head, -1, self.head_dim])])
+
+    def __call__(self, x: str, w: Weights, i: int) -> str:
+        g, p = self.g, f"h.{i}.attn"
+        q, k, v = self.project(g, x, w, i)
+        q = self._rotate(self._heads(q, self.n_head))  # (B, nh, S, hs)
+        k = self._rotate(self._heads(k, self.n_kv))  # (B, nkv, S, hs)
+        present_k = g.one("Concat", [C.past_key(i), k], name=f"{p}.concat_key", outputs=[C.present_key(i)], axis=2)
+        present_v = g.one("Concat", [C.past_value(i), self._heads(v, self.n_kv)], name=f"{p}.concat_value",
+                          outputs=[C.present_value(i)], axis=2)  # (B, nkv, T, hs)
+        kt = g.one("Transpose", [self._repeat(present_k)], perm=[0, 1, 3, 2])  # (B, nh, hs, T)
+        scores = g.one("Div", [g.one("MatMul", [q, kt], name=f"{p}.qk"), g.f32(math.sqrt(self.head_dim))])
+        scores = g.one("Where", [self.allowed, scores, g.f32(FLOAT_MIN)])  # (B, nh, S, T)
+        y = g.one("MatMul", [g.one("Softmax", [scores], axis=-1), self._repeat(present_v)], name=f"{p}.pv")
+        y = g.one("Reshape", [g.one("Transpose", [y], perm=[0, 2, 1, 3]), g.i64([0, 0, self.n_head * self.head_dim])])
+        return self.output(g, y, w, i)
+
+
+class RotaryGroupQueryAttention(_Rotary, GroupQueryAttention):
+    """GroupQueryAttention's buffer, timeline and padding bias (graph_attention.py) with kv_num_heads = the
+    config's kv_heads, q and k rotated before it by RotaryEmbedding at the caller's position_ids (see above)."""
+
+    graphs: ClassVar[frozenset[str]] = frozenset({C.GRAPH_KV_BUFFER})
+    contrib = True
+
+    def __init__(self, g: GraphWriter, cfg: GPTConfig, allowed: str):
+        super().__init__(g, cfg, allowed)
+        self._rotary_setup(g, cfg)
+
+    def _rotate(self, t: str, heads: int, name: str) -> str:
+        g = self.g
+        partial = {} if self.rotary_dim == self.head_dim else {"rotary_embedding_dim": self.rotary_dim,
+                                                               "num_heads": heads}
+        return g.one("RotaryEmbedding", [t, C.POSITION_IDS, self.cos_cache, self.sin_cache], name=name,
+                     domain=MS_DOMAIN, interleaved=0, **partial)
+
+    def __call__(self, x: str, w: Weights, i: int) -> str:
+        g, p = self.g, f"h.{i}.attn"
+        q, k, v = self.project(g, x, w, i)
+        q = self._rotate(q, self.n_head, f"{p}.rotary_q")
+        k = self._rotate(k, self.n_kv, f"{p}.rotary_k")
+        y = g.op("GroupQueryAttention", [q, k, v, C.past_key(i), C.past_value(i), self.seqlens_k, self.total,
+                                         "", "", "", self.bias],
+                 outputs=[f"{p}.out", C.present_key(i), C.present_value(i)], name=f"{p}.gqa", domain=MS_DOMAIN,
+                 num_heads=self.n_head, kv_num_heads=self.n_kv)[0]  # (B, S, nh * hs)
+        return self.output(g, y, w, i)
