@@ -11,7 +11,7 @@ import click
 
 from gptedge.atomic import check_output
 from gptedge.runtime.modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES
-from gptedge.runtime.modeldir.recipe import ACTIVATION_SCALES, QuantizeRecipe
+from gptedge.runtime.modeldir.recipe import ACTIVATION_SCALES, SCALE_SEARCHES, QuantizeRecipe
 from gptedge.runtime.registry import QUANTIZATION_METHODS
 
 from .group import command
@@ -57,6 +57,12 @@ recipe_options = grouped(
     click.option("--keep-8bit", "keep_8bit", multiple=True, metavar="PATTERN",
                  help="Weight-only 4-bit: keep the linears this glob names at 8 bits (repeatable; names like "
                       "h.3.mlp.c_proj, so '*.mlp.c_proj' is every block's MLP output)."),
+    click.option("--scale-search", type=click.Choice(SCALE_SEARCHES), default="range", show_default=True,
+                 help="Weight-only: each block's scale (and zero point): range, from its min / max (a small clipping "
+                      "grid at 4 bits); mse, the least squared error over a wider grid and refits. Same bytes."),
+    click.option("--awq", is_flag=True,
+                 help="Weight-only: activation-aware input-channel scales, measured on --calibration and folded "
+                      "into the LayerNorm before each linear that reads one (same graph, same bytes)."),
     click.option("--float16", is_flag=True,
                  help="Weight-only: activations, scales and caches in fp16 (for --device cuda)."),
     click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products)."),
@@ -92,6 +98,8 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         raise click.UsageError("--method is required (or --kv-cache, to change the cache alone)")
     if recipe is not None and calibration is None and QUANTIZATION_METHODS.entry(recipe.method).calibrated:
         raise click.UsageError(f"--method {recipe.method} needs --calibration TEXT_FILE")
+    if recipe is not None and recipe.awq and calibration is None:
+        raise click.UsageError("--awq needs --calibration TEXT_FILE (its scales are measured on it)")
     if calibration is None and KV_CACHES[kv_cache].quantized:
         raise click.UsageError(f"--kv-cache {kv_cache} needs --calibration TEXT_FILE (its scales are measured)")
     check_output(out, force, inputs=[model, calibration])
@@ -105,6 +113,8 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
     else:
         widths = "" if recipe.bits in (8, 16) else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
         widths += f", 8-bit {' '.join(recipe.keep_8bit)}" if recipe.keep_8bit else ""
+        widths += ", mse scales" if recipe.scale_search == "mse" else ""
+        widths += ", awq" if recipe.awq else ""
         widths += ", fp16 activations" if recipe.float16 else ""
         widths += f", {kv_cache} KV cache" if kv_cache != DEFAULT_KV_CACHE else ""
         done = (f"{recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "

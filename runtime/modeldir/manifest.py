@@ -159,7 +159,7 @@ class Quantization(QuantizeRecipe):
     # Recipe fields added after format_version 1 was first written, with what quantize did before them.
     # (bits, symmetric and embedding_bits need none: the recipe fills them from the method, as it did.)
     ABSENT_IN_OLDER: ClassVar[dict[str, Any]] = {"activation_scale": "per-tensor", "reduce_range": False,
-                                                 "quantize_head": True}
+                                                 "quantize_head": True, "scale_search": "range", "awq": False}
 
     @property
     def recipe(self) -> QuantizeRecipe:
@@ -169,9 +169,11 @@ class Quantization(QuantizeRecipe):
     def label(self) -> str:
         """The method, with the widths where they are not plain 8-bit (compare's method column)."""
         half = ", fp16 activations" if self.float16 else ""
+        searched = (", mse scales" if self.scale_search == "mse" else "") + (", awq" if self.awq else "")
         if self.bits == 16 or (self.bits, self.embedding_bits, self.symmetric) == (8, 8, True):
-            return self.method + half  # fp16 has no widths to name
+            return self.method + searched + half  # fp16 has no widths to name
         kept = f", int8 {' '.join(self.keep_8bit)}" if self.keep_8bit else ""
+        kept += searched
         return (f"{self.method} int{self.bits} b{self.block_size} {'sym' if self.symmetric else 'asym'}"
                 f"{'' if self.embedding_bits == self.bits else f', emb int{self.embedding_bits}'}{kept}{half}")
 
