@@ -144,6 +144,29 @@ class Parity:
 
 
 @dataclass(frozen=True)
+class SearchCandidate:
+    """One recipe `quantize --max-kl` tried: its quantize options, the graph's bytes, its KL(fp32 || it) on the
+    calibration windows and (where it met the budget there) on the held-out windows of the same text."""
+
+    options: str
+    size_bytes: int
+    kl_calibration: float
+    kl_held_out: float | None = None
+
+
+@dataclass(frozen=True)
+class RecipeSearch:
+    """`quantize --max-kl`: the budget, what was preferred, the candidates in the order tried, the chosen one's options."""
+
+    max_kl: float
+    prefer: str
+    calibration_tokens: int
+    held_out_tokens: int
+    candidates: tuple[SearchCandidate, ...]
+    chosen: str
+
+
+@dataclass(frozen=True)
 class Quantization(QuantizeRecipe):
     """The recipe a quantized dir was made with (as applied, every default filled in), and what it did to
     each part of the model. A manifest written before a recipe field existed reads as the value used then
@@ -155,6 +178,7 @@ class Quantization(QuantizeRecipe):
     attention_products: str = "float"
     kept_float: str = ""
     quantized_nodes: dict[str, int] = field(default_factory=dict)  # op type -> count
+    search: RecipeSearch | None = None  # quantize --max-kl's record; absent (None) otherwise, written only when set
 
     # Recipe fields added after format_version 1 was first written, with what quantize did before them.
     # (bits, symmetric and embedding_bits need none: the recipe fills them from the method, as it did.)
@@ -224,6 +248,8 @@ class Manifest:
             del d["kv_cache"]  # as format 2 wrote it, so an older gptedge still reads the dir
         if not self.wide_mask:
             del d["wide_mask"]
+        if d["quantization"] is not None and d["quantization"]["search"] is None:
+            del d["quantization"]["search"]  # as before --max-kl existed
         return d
 
     @classmethod
