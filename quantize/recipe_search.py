@@ -38,15 +38,19 @@ PREFER = ("size",)
 CALIBRATION_SHARE = 0.75
 HELD_OUT_SLACK = 1.1  # the held-out KL may exceed the budget by this much (the target for the chosen recipe)
 MAX_TOKENS = 2048  # per part: enough windows to rank recipes, few enough to score each candidate in seconds
-_SEARCHED = dict(scale_search="mse", awq=True)
-# (options as `quantize` spells them, the recipe's fields): the space, in no particular order (sorted by bytes).
+# (options as `quantize` spells them, the recipe's fields): the space, smallest first. The error-aware quantizers
+# where they paid at equal bytes (benchmarks/results/quantizers-2026-11-26.md): mse scales at 4 bits (AWQ raised
+# 4-bit KL there), mse scales and AWQ at 8 bits.
+_4 = dict(bits=4, scale_search="mse")
+_8 = dict(bits=8, scale_search="mse", awq=True)
 CANDIDATES: tuple[tuple[str, dict], ...] = (
-    ("--bits 4", dict(bits=4)),
-    ("--bits 4 --keep-8bit '*.attn.c_proj'", dict(bits=4, keep_8bit=("*.attn.c_proj",))),
-    ("--bits 4 --keep-8bit '*.attn.*'", dict(bits=4, keep_8bit=("*.attn.*",))),
-    ("--bits 4 --block-size 16 --keep-8bit '*.attn.*'", dict(bits=4, block_size=16, keep_8bit=("*.attn.*",))),
-    ("--bits 8", dict(bits=8)),
-    ("--bits 8 --block-size 16", dict(bits=8, block_size=16)),
+    ("--bits 4 --scale-search mse", _4),
+    ("--bits 4 --scale-search mse --keep-8bit '*.attn.c_proj'", dict(_4, keep_8bit=("*.attn.c_proj",))),
+    ("--bits 4 --scale-search mse --keep-8bit '*.attn.*'", dict(_4, keep_8bit=("*.attn.*",))),
+    ("--bits 4 --scale-search mse --block-size 16 --keep-8bit '*.attn.*'", dict(_4, block_size=16,
+                                                                                keep_8bit=("*.attn.*",))),
+    ("--bits 8 --scale-search mse --awq", _8),
+    ("--bits 8 --scale-search mse --awq --block-size 16", dict(_8, block_size=16)),
 )
 
 
@@ -114,9 +118,8 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
         raise InvalidArgumentError(f"--prefer {prefer} is not offered: only size (candidates are not timed)")
     check_output(out, force, inputs=[model_dir])
     shape = read_manifest(model_dir).shape
-    recipes = [(opts, QuantizeRecipe("weight-only", **_SEARCHED, **fields)) for opts, fields in candidates]
-    recipes = [(opts + " --scale-search mse --awq", r) for opts, r in recipes
-               if shape.n_embd % r.block_size == 0]
+    recipes = [(opts, QuantizeRecipe("weight-only", **fields)) for opts, fields in candidates]
+    recipes = [(opts, r) for opts, r in recipes if shape.n_embd % r.block_size == 0]
     recipes.sort(key=lambda c: estimated_bytes(c[1], shape))
     calibration, held_out = split_text(text)
     ref = runtime.load(model_dir, device="cpu")

@@ -16,7 +16,7 @@ from gptedge.runtime.modeldir.manifest import ModelShape, read_manifest
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 
 CALIBRATION = "samples/calibration/emma_ch1-4.txt"
-TWO = (("--bits 4", dict(bits=4)), ("--bits 8", dict(bits=8)))
+TWO = (("--bits 4", dict(bits=4)), ("--bits 8 --awq", dict(bits=8, awq=True)))
 
 
 def test_candidates_are_ordered_by_estimated_bytes():
@@ -44,8 +44,8 @@ def test_a_loose_budget_takes_the_smallest_and_records_the_search(gpt2_model_dir
     assert result.exit_code == 0, result.output
     m = read_manifest(tmp_path / "q")
     s = m.quantization.search
-    assert s.chosen == "--bits 4 --scale-search mse --awq" and len(s.candidates) == 1 and s.max_kl == 10
-    assert (m.quantization.bits, m.quantization.awq, m.quantization.scale_search) == (4, True, "mse")
+    assert s.chosen == "--bits 4 --scale-search mse" and len(s.candidates) == 1 and s.max_kl == 10
+    assert (m.quantization.bits, m.quantization.awq, m.quantization.scale_search) == (4, False, "mse")
     c = s.candidates[0]
     assert 0 < c.kl_calibration <= 10 and c.kl_held_out is not None and c.size_bytes > 0
     assert s.calibration_tokens == s.held_out_tokens == 256  # each part capped at MAX_TOKENS
@@ -58,9 +58,9 @@ def test_a_budget_below_4bit_skips_to_8bit(gpt2_model_dir, tmp_path):
     k4 = first.quantization.search.candidates[0].kl_calibration
     m = rs.search_recipe(gpt2_model_dir, tmp_path / "b", k4 / 2, Path(CALIBRATION).read_text(), candidates=TWO)
     s = m.quantization.search
-    assert [c.options.split(" --scale")[0] for c in s.candidates] == ["--bits 4", "--bits 8"]
+    assert [c.options for c in s.candidates] == ["--bits 4", "--bits 8 --awq"]
     assert s.candidates[0].kl_calibration > k4 / 2 and s.candidates[0].kl_held_out is None  # not confirmed: over K
-    assert s.chosen.startswith("--bits 8") and m.quantization.bits == 8
+    assert s.chosen == "--bits 8 --awq" and (m.quantization.bits, m.quantization.awq) == (8, True)
     assert s.candidates[1].size_bytes > s.candidates[0].size_bytes
 
 
