@@ -64,6 +64,15 @@ def test_a_budget_below_4bit_skips_to_8bit(gpt2_model_dir, tmp_path):
     assert s.candidates[1].size_bytes > s.candidates[0].size_bytes
 
 
+def test_a_budget_far_below_a_width_skips_the_rest_of_it(gpt2_model_dir, tmp_path):
+    three = (TWO[0], ("--bits 4 --block-size 16", dict(bits=4, block_size=16)), TWO[1])
+    first = rs.search_recipe(gpt2_model_dir, tmp_path / "a", 10.0, Path(CALIBRATION).read_text(), candidates=TWO)
+    k4 = first.quantization.search.candidates[0].kl_calibration
+    m = rs.search_recipe(gpt2_model_dir, tmp_path / "b", k4 / (2 * rs.FAR), Path(CALIBRATION).read_text(),
+                         candidates=three)
+    assert [c.options for c in m.quantization.search.candidates] == ["--bits 4", "--bits 8 --awq"]
+
+
 def test_a_budget_nothing_meets_names_the_closest(gpt2_model_dir, tmp_path):
     with pytest.raises(QuantizationError, match=r"no recipe meets --max-kl 1e-12: the closest is `--bits 8"):
         rs.search_recipe(gpt2_model_dir, tmp_path / "q", 1e-12, Path(CALIBRATION).read_text(), candidates=TWO)
