@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .scale_search import SYM_SHRINK_8BIT, search_symmetric
+
 QMAX = 127  # symmetric: -127..127, so -x quantizes exactly like x
 
 
@@ -31,15 +33,21 @@ def quantize_rows(w: np.ndarray, per_channel: bool = True, qmax: int = QMAX) -> 
     return q.T, scale
 
 
-def quantize_blocks_u8(w_rows: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def quantize_blocks_u8(w_rows: np.ndarray, block_size: int, scale_search: str = "range") -> tuple[np.ndarray, np.ndarray]:
     """Rows (N, K) -> MatMulNBits 8-bit layout: (uint8 (N, K/bs, bs) with zero point 128, scales (N, K/bs)).
 
     One scale per block of `block_size` consecutive weights along K; K must be a multiple of it.
+    scale_search "range": |max| / 127; "mse": the scale with the least squared error (scale_search.py).
     """
     n, k = w_rows.shape
     if k % block_size:
         raise ValueError(f"K={k} is not a multiple of block size {block_size}")
     blocks = w_rows.reshape(n, k // block_size, block_size)
+    if scale_search == "mse":
+        q, scale, _ = search_symmetric(blocks.astype(np.float32), 128, 128 - QMAX, 128 + QMAX, None, SYM_SHRINK_8BIT)
+        return q.astype(np.uint8), scale
+    if scale_search != "range":
+        raise ValueError(f"unknown scale search {scale_search!r}")
     scale = _scale(np.abs(blocks).max(axis=-1))  # (N, K/bs)
     q = np.clip(np.rint(blocks / scale[..., None]), -QMAX, QMAX).astype(np.int16) + 128
     return q.astype(np.uint8), scale

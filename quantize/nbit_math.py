@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import scale_search as ss
+
 LEVELS = 16  # 0..15
 SYMMETRIC_ZERO_POINT = 8
 # Each block tries these fractions of its full range and keeps the one with the least squared error:
@@ -69,18 +71,26 @@ def _asymmetric(blocks: np.ndarray, shrink: float) -> tuple[np.ndarray, np.ndarr
     return scale, zp
 
 
-def quantize_4bit(w_rows: np.ndarray, block_size: int, symmetric: bool = True,
-                  search: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def quantize_4bit(w_rows: np.ndarray, block_size: int, symmetric: bool = True, search: bool = True,
+                  scale_search: str = "range") -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Rows (N, K) -> (B uint8 (N, K/bs, bs/2), scales float32 (N, K/bs), zero_points uint8 (N, ceil(K/bs/2)) or None).
 
     One scale (and, asymmetric, one zero point) per block of `block_size` consecutive weights along K.
-    With `search`, each block keeps the range fraction in SHRINK with the least squared error.
+    With `search`, each block keeps the range fraction in SHRINK with the least squared error;
+    scale_search "mse": scale_search.py's wider search and least-squares refits instead (same layout).
     """
     if w_rows.shape[0] > ROW_CHUNK:  # the same result, in slices of rows
-        parts = [quantize_4bit(w_rows[i:i + ROW_CHUNK], block_size, symmetric, search)
+        parts = [quantize_4bit(w_rows[i:i + ROW_CHUNK], block_size, symmetric, search, scale_search)
                  for i in range(0, w_rows.shape[0], ROW_CHUNK)]
         return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts))
     blocks = _blocks(w_rows, block_size)
+    if scale_search == "mse":
+        best_q, best_scale, best_zp = (
+            ss.search_symmetric(blocks, SYMMETRIC_ZERO_POINT, 0, LEVELS - 1, -8.0, np.union1d(ss.SYM_SHRINK, SHRINK))
+            if symmetric else ss.search_asymmetric(blocks, LEVELS, also=SHRINK))
+        return _pack(best_q, best_scale, best_zp, symmetric)
+    if scale_search != "range":
+        raise ValueError(f"unknown scale search {scale_search!r}")
     best_q = best_scale = best_zp = best_err = None
     for shrink in (SHRINK if search else SHRINK[:1]):
         scale, zp = (_symmetric if symmetric else _asymmetric)(blocks, float(shrink))
@@ -93,6 +103,11 @@ def quantize_4bit(w_rows: np.ndarray, block_size: int, symmetric: bool = True,
             best_q = np.where(better[..., None], q, best_q)
             best_scale, best_zp = np.where(better, scale, best_scale), np.where(better, zp, best_zp)
             best_err = np.minimum(err, best_err)
+    return _pack(best_q, best_scale, best_zp, symmetric)
+
+
+def _pack(best_q: np.ndarray, best_scale: np.ndarray, best_zp: np.ndarray,
+          symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     packed = pack_nibbles(best_q.astype(np.uint8))
     if symmetric:
         return packed, best_scale.astype(np.float32), None

@@ -19,6 +19,7 @@ from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linear_names, 
 
 from . import int8_math as qm
 from . import nbit_math as nm
+from .awq import awq_overrides
 from .base import Method, Quantized, QuantizeJob, Storage
 from .fp16 import ACTIVATIONS as FP16_ACTIVATIONS
 from .fp16 import to_float16
@@ -26,12 +27,13 @@ from .rewrite import MS_DOMAIN, Rewrite
 
 
 def _blocked_weight(r: Rewrite, name: str, w_rows: np.ndarray, bits: int, block_size: int,
-                    symmetric: bool) -> list[str]:
+                    symmetric: bool, scale_search: str = "range") -> list[str]:
     """Rows (N, K) -> MatMulNBits' B, scales[, zero_points] initializers; their names."""
     if bits == 8:
-        q, scale = qm.quantize_blocks_u8(w_rows, block_size)  # (N, K/bs, bs), (N, K/bs)
+        q, scale = qm.quantize_blocks_u8(w_rows, block_size, scale_search)  # (N, K/bs, bs), (N, K/bs)
         return [r.init(f"{name}.q8", q), r.init(f"{name}.scales", scale)]
-    q, scale, zp = nm.quantize_4bit(w_rows, block_size, symmetric)  # (N, K/bs, bs/2), (N, K/bs), packed zp
+    # (N, K/bs, bs/2), (N, K/bs), packed zp
+    q, scale, zp = nm.quantize_4bit(w_rows, block_size, symmetric, scale_search=scale_search)
     names = [r.init(f"{name}.q4", q), r.init(f"{name}.scales", scale)]
     return names if zp is None else names + [r.init(f"{name}.zero_points", zp)]
 
@@ -87,7 +89,8 @@ def _embedding(r: Rewrite, node: onnx.NodeProto, weight: list[str], bits: int, n
 def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_level: int = 0, bits: int = 8,
                         symmetric: bool = True, embedding_bits: int | None = None, base_dir: Path | None = None,
                         quantize_head: bool = True,
-                        keep_8bit: tuple[str, ...] = ()) -> tuple[onnx.ModelProto, dict[str, str]]:
+                        keep_8bit: tuple[str, ...] = (), scale_search: str = "range",
+                        overrides: dict[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Linear MatMuls and the LM head -> MatMulNBits (`bits`-bit blocks along K, activations stay float).
 
     The tied embedding is stored once in MatMulNBits' layout, at `embedding_bits` (default: `bits`):
@@ -95,10 +98,14 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
     unpacks nibbles with BitShift where 4-bit, and dequantizes them with plain ops. 8-bit blocks are
     always symmetric (zero point 128); `symmetric` applies to the 4-bit ones. base_dir: the model's
     directory, where its external data (if any) is read from. keep_8bit: patterns of linears stored at
-    8 bits in a 4-bit rewrite (mixed precision; each still one MatMulNBits node, bits=8).
+    8 bits in a 4-bit rewrite (mixed precision; each still one MatMulNBits node, bits=8). scale_search: how
+    each block's scale is chosen (recipe.SCALE_SEARCHES). overrides: initializers' new float values by name,
+    read instead of the source's (awq.py's fold: LayerNorm gamma / beta and the linears' scaled weights).
     """
     embedding_bits = embedding_bits or bits
     r = Rewrite(model, base_dir)
+    for name, value in (overrides or {}).items():  # a linear's weight is read back below; the LN's stay as inits
+        r.init(name, value)
     float_head = None if quantize_head else r.head_linear()  # a task head's score, kept a float MatMul
     untied = r.untied_head()  # Llama-style: the LM head's (V, C) weight is its own, quantized as the embedding is
     if untied is not None:
@@ -111,9 +118,9 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
         if r.is_linear(node) and r.weights.shape(node.input[1])[0] % block_size:
             raise QuantizationError(f"{node.input[1]}: K={r.weights.shape(node.input[1])[0]} is not a multiple "
                                     f"of block size {block_size}")
-    tied = _blocked_weight(r, wte, r.weights[wte], embedding_bits, block_size, symmetric)
+    tied = _blocked_weight(r, wte, r.weights[wte], embedding_bits, block_size, symmetric, scale_search)
     head = tied if untied is None else _blocked_weight(r, gemm.input[1], r.weights[gemm.input[1]], embedding_bits,
-                                                       block_size, symmetric)
+                                                       block_size, symmetric, scale_search)
     sym = "symmetric" if symmetric or embedding_bits == 8 else "asymmetric"
     for node in model.graph.node:
         if node is gather:
@@ -126,10 +133,10 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
             r.quantized[node.name] = (f"MatMulNBits (LM head, {'tied ' if untied is None else ''}"
                                       f"{embedding_bits}-bit weight)")
         elif r.is_linear(node) and node.name != float_head:
-            w = r.weights[node.input[1]]  # (K, N)
+            w = r.new_inits.get(node.input[1], r.weights[node.input[1]])  # (K, N)
             width_bits = 8 if kept_at_8bit(node.input[1].removesuffix(".weight"), keep_8bit) else bits
             r.node("MatMulNBits", [node.input[0], *_blocked_weight(r, node.input[1], w.T, width_bits, block_size,
-                                                                   symmetric)],
+                                                                   symmetric, scale_search)],
                    list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=width_bits,
                    block_size=block_size, accuracy_level=accuracy_level)
             r.quantized[node.name] = f"MatMulNBits ({width_bits}-bit)" if width_bits != 8 or bits != 8 else "MatMulNBits"
@@ -140,7 +147,10 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
 
 def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | None) -> None:
     """Block size must divide n_embd (the rewrite checks every linear's K: the MLP width too). A block size that
-    cannot is the command line's fault: InvalidArgumentError (exit 2), naming the sizes that fit."""
+    cannot is the command line's fault: InvalidArgumentError (exit 2), naming the sizes that fit. awq needs the
+    calibration text its scales are measured on."""
+    if recipe.awq and calibration_text is None:
+        raise InvalidArgumentError("--awq needs --calibration TEXT_FILE (its scales are measured on it)")
     if shape.n_embd % recipe.block_size:
         fit = [b for b in (16, 32, 64, 128, 256, 512) if shape.n_embd % b == 0]
         raise InvalidArgumentError(f"--block-size {recipe.block_size} does not divide n_embd {shape.n_embd}: "
@@ -154,9 +164,12 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
+    overrides = (awq_overrides(job.model, rc, job.manifest, job.model_dir, job.calibration_text, job.work_dir)
+                 if rc.awq else None)
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
                                        rc.embedding_bits, base_dir=job.model_dir,
-                                       quantize_head=rc.quantize_head, keep_8bit=rc.keep_8bit)  # initializers inline
+                                       quantize_head=rc.quantize_head, keep_8bit=rc.keep_8bit,
+                                       scale_search=rc.scale_search, overrides=overrides)  # initializers inline
     if rc.float16:
         model = to_float16(model)  # MatMulNBits' scales and activations become fp16 with the rest
     return Quantized(model, nodes, rc)
@@ -175,6 +188,9 @@ def storage(recipe: QuantizeRecipe) -> Storage:
         activations = f"{FP16_ACTIVATIONS} (on the CPU: {activations})"
     shape = "(V, C/bs, bs)" if recipe.embedding_bits == 8 else "(V, C/bs, bs/2), two weights per byte"
     kept = (f"; at 8 bits, symmetric: {', '.join(recipe.keep_8bit)}" if recipe.keep_8bit else "")
+    kept += "; scales and zero points by least squared error" if recipe.scale_search == "mse" else ""
+    kept += ("; activation-aware input-channel scales folded into the LayerNorms before the linears they feed"
+             if recipe.awq else "")
     return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "
                            f"{recipe.block_size} along K{kept}",
                    activations=activations,

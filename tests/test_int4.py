@@ -93,8 +93,9 @@ def fake_quantized(fp32_dir, out, recipe: QuantizeRecipe):
 
     def roundtrip(rows, bits):
         if bits == 8:
-            return qm.dequantize_blocks_u8(*qm.quantize_blocks_u8(rows, recipe.block_size))
-        return nm.dequantize_4bit(*nm.quantize_4bit(rows, recipe.block_size, recipe.symmetric))
+            return qm.dequantize_blocks_u8(*qm.quantize_blocks_u8(rows, recipe.block_size, recipe.scale_search))
+        return nm.dequantize_4bit(*nm.quantize_4bit(rows, recipe.block_size, recipe.symmetric,
+                                                    scale_search=recipe.scale_search))
 
     new = {wte: roundtrip(r.weights[wte], recipe.embedding_bits)}
     new.update({n.input[1]: roundtrip(r.weights[n.input[1]].T, 8 if kept_at_8bit(n.input[1].removesuffix(".weight"),

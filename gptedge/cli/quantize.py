@@ -11,7 +11,7 @@ import click
 
 from gptedge.atomic import check_output
 from gptedge.runtime.modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES
-from gptedge.runtime.modeldir.recipe import ACTIVATION_SCALES, QuantizeRecipe
+from gptedge.runtime.modeldir.recipe import ACTIVATION_SCALES, SCALE_SEARCHES, QuantizeRecipe
 from gptedge.runtime.registry import QUANTIZATION_METHODS
 
 from .group import command
@@ -57,6 +57,12 @@ recipe_options = grouped(
     click.option("--keep-8bit", "keep_8bit", multiple=True, metavar="PATTERN",
                  help="Weight-only 4-bit: keep the linears this glob names at 8 bits (repeatable; names like "
                       "h.3.mlp.c_proj, so '*.mlp.c_proj' is every block's MLP output)."),
+    click.option("--scale-search", type=click.Choice(SCALE_SEARCHES), default="range", show_default=True,
+                 help="Weight-only: each block's scale (and zero point): range, from its min / max (a small clipping "
+                      "grid at 4 bits); mse, the least squared error over a wider grid and refits. Same bytes."),
+    click.option("--awq", is_flag=True,
+                 help="Weight-only: activation-aware input-channel scales, measured on --calibration and folded "
+                      "into the LayerNorm before each linear that reads one (same graph, same bytes)."),
     click.option("--float16", is_flag=True,
                  help="Weight-only: activations, scales and caches in fp16 (for --device cuda)."),
     click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products)."),
@@ -82,16 +88,26 @@ recipe_options = grouped(
 @click.option("--kv-cache", type=click.Choice(list(KV_CACHES)), default=DEFAULT_KV_CACHE, show_default=True,
               help="kv_buffer graphs: the KV cache's storage (fp16 halves it, int8 a quarter, int4 an eighth; "
                    "int8/int4 scales are measured on --calibration).")
+@click.option("--max-kl", type=float, default=None, metavar="K",
+              help="Choose the recipe: the smallest weight-only candidate whose KL(fp32 || q) is within K on "
+                   "--calibration (three quarters of it; confirmed on the rest). Instead of --method.")
+@click.option("--prefer", type=click.Choice(["size"]), default="size", show_default=True,
+              help="--max-kl: what to minimise among the recipes within K (candidates are not timed).")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: str | None, kv_cache: str,
-             force: bool) -> None:
+             max_kl: float | None, prefer: str, force: bool) -> None:
     """Write an INT8 (weight-only INT4, or fp16) variant of the fp32 model dir MODEL into OUT; the manifest
     records the recipe. --kv-cache (kv_buffer graphs) also stores the KV cache in fewer bytes, with or
-    without --method."""
+    without --method. --max-kl K picks the recipe itself (and records its search in the manifest)."""
+    if max_kl is not None:
+        _search(model, out, recipe, calibration, kv_cache, max_kl, prefer, force)
+        return
     if recipe is None and kv_cache == DEFAULT_KV_CACHE:
         raise click.UsageError("--method is required (or --kv-cache, to change the cache alone)")
     if recipe is not None and calibration is None and QUANTIZATION_METHODS.entry(recipe.method).calibrated:
         raise click.UsageError(f"--method {recipe.method} needs --calibration TEXT_FILE")
+    if recipe is not None and recipe.awq and calibration is None:
+        raise click.UsageError("--awq needs --calibration TEXT_FILE (its scales are measured on it)")
     if calibration is None and KV_CACHES[kv_cache].quantized:
         raise click.UsageError(f"--kv-cache {kv_cache} needs --calibration TEXT_FILE (its scales are measured)")
     check_output(out, force, inputs=[model, calibration])
@@ -105,6 +121,8 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
     else:
         widths = "" if recipe.bits in (8, 16) else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
         widths += f", 8-bit {' '.join(recipe.keep_8bit)}" if recipe.keep_8bit else ""
+        widths += ", mse scales" if recipe.scale_search == "mse" else ""
+        widths += ", awq" if recipe.awq else ""
         widths += ", fp16 activations" if recipe.float16 else ""
         widths += f", {kv_cache} KV cache" if kv_cache != DEFAULT_KV_CACHE else ""
         done = (f"{recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "
@@ -112,3 +130,20 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
     diag(f"quantized {model} -> {out} ({done}; vs fp32 on seeded ids ({check.device}): "
          f"top-1 {check.top1_agreement:.2%}, max |logit diff| {check.max_abs_logit_diff:.3g}"
          + ("" if check.greedy_agreement is None else f", greedy {check.greedy_agreement:.0%} identical"))
+
+
+def _search(model: str, out: str, recipe: QuantizeRecipe | None, calibration: str | None, kv_cache: str,
+            max_kl: float, prefer: str, force: bool) -> None:
+    if recipe is not None:
+        raise click.UsageError("--max-kl chooses the recipe: give it no --method")
+    if calibration is None:
+        raise click.UsageError("--max-kl needs --calibration TEXT_FILE (candidates are calibrated and scored on it)")
+    check_output(out, force, inputs=[model, calibration])
+    search = import_extra("gptedge.quantize.recipe_search", "quantize")
+    manifest = search.search_recipe(model, out, max_kl, read_text(calibration), prefer=prefer, kv_cache=kv_cache,
+                                    force=force, progress=progress("candidates"))
+    s = manifest.quantization.search
+    chosen = next(c for c in s.candidates if c.options == s.chosen)
+    diag(f"quantized {model} -> {out} with `{s.chosen}`: KL {chosen.kl_calibration:.3g} on the calibration windows, "
+         f"{chosen.kl_held_out:.3g} held out (budget {max_kl:g}), {chosen.size_bytes / 1e6:.2f} MB; "
+         f"{len(s.candidates)} candidate(s) tried")

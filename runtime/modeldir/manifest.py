@@ -156,6 +156,29 @@ class Parity:
 
 
 @dataclass(frozen=True)
+class SearchCandidate:
+    """One recipe `quantize --max-kl` tried: its quantize options, the graph's bytes, its KL(fp32 || it) on the
+    calibration windows and (where it met the budget there) on the held-out windows of the same text."""
+
+    options: str
+    size_bytes: int
+    kl_calibration: float
+    kl_held_out: float | None = None
+
+
+@dataclass(frozen=True)
+class RecipeSearch:
+    """`quantize --max-kl`: the budget, what was preferred, the candidates in the order tried, the chosen one's options."""
+
+    max_kl: float
+    prefer: str
+    calibration_tokens: int
+    held_out_tokens: int
+    candidates: tuple[SearchCandidate, ...]
+    chosen: str
+
+
+@dataclass(frozen=True)
 class Quantization(QuantizeRecipe):
     """The recipe a quantized dir was made with (as applied, every default filled in), and what it did to
     each part of the model. A manifest written before a recipe field existed reads as the value used then
@@ -167,11 +190,12 @@ class Quantization(QuantizeRecipe):
     attention_products: str = "float"
     kept_float: str = ""
     quantized_nodes: dict[str, int] = field(default_factory=dict)  # op type -> count
+    search: RecipeSearch | None = None  # quantize --max-kl's record; absent (None) otherwise, written only when set
 
     # Recipe fields added after format_version 1 was first written, with what quantize did before them.
     # (bits, symmetric and embedding_bits need none: the recipe fills them from the method, as it did.)
     ABSENT_IN_OLDER: ClassVar[dict[str, Any]] = {"activation_scale": "per-tensor", "reduce_range": False,
-                                                 "quantize_head": True}
+                                                 "quantize_head": True, "scale_search": "range", "awq": False}
 
     @property
     def recipe(self) -> QuantizeRecipe:
@@ -181,9 +205,11 @@ class Quantization(QuantizeRecipe):
     def label(self) -> str:
         """The method, with the widths where they are not plain 8-bit (compare's method column)."""
         half = ", fp16 activations" if self.float16 else ""
+        searched = (", mse scales" if self.scale_search == "mse" else "") + (", awq" if self.awq else "")
         if self.bits == 16 or (self.bits, self.embedding_bits, self.symmetric) == (8, 8, True):
-            return self.method + half  # fp16 has no widths to name
+            return self.method + searched + half  # fp16 has no widths to name
         kept = f", int8 {' '.join(self.keep_8bit)}" if self.keep_8bit else ""
+        kept += searched
         return (f"{self.method} int{self.bits} b{self.block_size} {'sym' if self.symmetric else 'asym'}"
                 f"{'' if self.embedding_bits == self.bits else f', emb int{self.embedding_bits}'}{kept}{half}")
 
@@ -252,6 +278,8 @@ class Manifest:
         for key, absent in (("eos_ids", []), ("add_bos", False)):
             if d[key] == absent:
                 del d[key]  # written only where a family needs them, so an older gptedge reads the rest
+        if d["quantization"] is not None and d["quantization"]["search"] is None:
+            del d["quantization"]["search"]  # as before --max-kl existed
         return d
 
     @classmethod

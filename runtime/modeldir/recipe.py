@@ -22,6 +22,10 @@ SYMMETRIC_WITH_INT4 = False
 
 
 ACTIVATION_SCALES = ("per-row", "per-tensor")
+# weight-only: how each block's scale (and zero point) is chosen, in the same storage layout. "range": 8-bit
+# |max| / 127, 4-bit the range shrunk from both ends together over a small grid; "mse": the least squared error
+# over a wider grid (each end of the range on its own) and least-squares refits (quantize/scale_search.py).
+SCALE_SEARCHES = ("range", "mse")
 # A block's linears as the exporter names them (`h.3.mlp.c_proj.weight`): what --keep-8bit patterns match.
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
@@ -70,6 +74,11 @@ class QuantizeRecipe:
     # weight-only 4-bit: linears kept at 8 bits, as fnmatch patterns over their names (`h.3.mlp.c_proj`,
     # `*.mlp.c_proj`, `h.0.*`), the way llama.cpp's Q4_K_M keeps its most sensitive tensors at 5-6 bits. Empty: none.
     keep_8bit: tuple[str, ...] = ()
+    # weight-only: SCALE_SEARCHES. Not visible in the graph (the same initializers, other numbers): the manifest's word.
+    scale_search: str = "range"
+    # weight-only: activation-aware per-channel scales folded into the LayerNorm before each linear that reads one
+    # (quantize/awq.py), chosen on the calibration text. Not visible in the graph either (gamma / beta change only).
+    awq: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
@@ -94,6 +103,11 @@ class QuantizeRecipe:
         if self.keep_8bit and (self.method != "weight-only" or self.bits != 4):
             raise InvalidArgumentError(f"keeping linears at 8 bits applies to weight-only 4-bit (bits 4), not "
                                        f"{self.bits}-bit {self.method}")
+        if self.scale_search not in SCALE_SEARCHES:
+            raise InvalidArgumentError(f"scale search must be {' or '.join(SCALE_SEARCHES)}, got {self.scale_search!r}")
+        for what, asked in (("--scale-search mse", self.scale_search != "range"), ("--awq", self.awq)):
+            if asked and self.method != "weight-only":
+                raise InvalidArgumentError(f"{what} applies to weight-only (MatMulNBits blocks), not {self.method}")
         if any(not isinstance(p, str) or not p.strip() for p in self.keep_8bit):
             raise InvalidArgumentError("a keep-8-bit pattern must be a non-empty linear name or glob (h.3.mlp.c_proj)")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
