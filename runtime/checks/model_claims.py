@@ -277,5 +277,6 @@ def claim_problems(model_dir: Path, m: Manifest, facts: GraphFacts | None, token
             problems += (_context(m, facts) + _wide_mask(m, facts) + _external_files(m, facts)
                          + recipe_problems(model_dir, model_dir / m.model_file, m, facts))
     return (problems + _arch(m, graph, config) + _tokenizer_vocab(m, tokenizer)
-            + _special_ids(m, config, generation, tokenizer) + task_problems(m, tokenizer)
+            + _special_ids(m, config, generation, tokenizer)
+            + task_problems(m, tokenizer, _read_json(model_dir / "tokenizer_config.json"))
             + companion_problems(model_dir, m, config if "__error__" not in config else {}))

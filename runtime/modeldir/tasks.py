@@ -29,6 +29,9 @@ from ..registry import TASKS
 
 START, DELIMITER, EXTRACT = "start", "delimiter", "extract"
 SPECIAL_ROLES = (START, DELIMITER, EXTRACT)
+# role -> the transformers special-token attribute a checkpoint (and a classifier dir's tokenizer_config.json)
+# declares it as; transformers' own DoubleHeads example adds its extract token as `cls_token`
+DECLARED_AS = {START: "bos_token", DELIMITER: "sep_token", EXTRACT: "cls_token"}
 CHOICES, CHOICE = "choices", "choice"  # the multiple-choice field, and the template's stand-in for one of them
 HEAD_SEQUENCE = "sequence-classification"  # transformers' *ForSequenceClassification `score` (num_labels)
 HEAD_CHOICE = "multiple-choice"  # transformers' *DoubleHeadsModel `multiple_choice_head` (one logit a row)
