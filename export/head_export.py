@@ -9,6 +9,11 @@ tokenizer_config.json or special_tokens_map.json: start = `bos_token`, delimiter
 `cls_token` (transformers' own DoubleHeads example adds its extract token as `cls_token`). A caller may
 name them instead (`special_tokens={"extract": "<cls>"}`, or ids). A task whose templates use a token
 the checkpoint does not declare is refused in one line, before any work.
+
+The plain template: most GPT-2 classifiers fine-tuned with transformers declare no special token at all (the text
+alone, the head on the last non-padding token, padding = config.json's pad_token_id, often end-of-text). A sequence
+head whose checkpoint and caller name no extract token is exported with that template (tasks.plain_transformation),
+so classify computes what transformers' GPT2ForSequenceClassification does on it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from gptedge.runtime.classify import load_classifier
 from gptedge.runtime.errors import CheckpointError, InvalidArgumentError, ParityError
 from gptedge.runtime.modeldir.manifest import (MODEL_FILE, GraphParity, Manifest, Parity, Source, write_json,
                                                 write_manifest)
-from gptedge.runtime.modeldir.tasks import SPECIAL_ROLES, SpecialTokens, Task, transformation
+from gptedge.runtime.modeldir.tasks import (DECLARED_AS, EXTRACT, SPECIAL_ROLES, SpecialTokens, Task,
+                                             plain_transformation, transformation)
 from gptedge.runtime.modeldir.tokenizer import load_tokenizer
 from gptedge.runtime.registry import TASKS
 
@@ -44,8 +50,6 @@ from .validate import GRAPH_TOLERANCE, _max_diff
 
 log = logging.getLogger(__name__)
 
-# role -> the transformers special-token attribute a checkpoint declares it as
-DECLARED_AS = {"start": "bos_token", "delimiter": "sep_token", "extract": "cls_token"}
 TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -100,7 +104,13 @@ def _check_head(reference: TaskModel, name: str) -> None:
                               "a head without bias")
 
 
-def _task(reference: TaskModel, config: dict, name: str, tokens: SpecialTokens) -> Task:
+def plain(reference: TaskModel, source: Path, special: dict | None) -> bool:
+    """Whether this export takes the plain template: a sequence head, and no extract token declared or given."""
+    return (reference.kind.name != HEAD_CHOICE and EXTRACT not in (special or {})
+            and EXTRACT not in _declared(source))
+
+
+def _task(reference: TaskModel, config: dict, name: str, tokens: SpecialTokens, plain_template: bool = False) -> Task:
     labels = {}
     problem = config.get("problem_type")
     if reference.kind.name != HEAD_CHOICE and (problem in ("regression", "multi_label_classification")
@@ -114,9 +124,10 @@ def _task(reference: TaskModel, config: dict, name: str, tokens: SpecialTokens) 
         given = config.get("id2label") if isinstance(config.get("id2label"), dict) else {}
         labels = {str(i): str(given.get(str(i), f"LABEL_{i}")) for i in range(reference.num_outputs)}
     pad = config.get("pad_token_id")
-    pad = pad if isinstance(pad, int) and 0 <= pad < reference.cfg.vocab_size else 0
-    return Task(name=name, head=reference.kind.name, transformation=transformation(name), special_tokens=tokens,
-                id2label=labels, pad_id=pad)
+    declared = isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < reference.cfg.vocab_size
+    template = plain_transformation(name, declared) if plain_template else transformation(name)
+    return Task(name=name, head=reference.kind.name, transformation=template, special_tokens=tokens,
+                id2label=labels, pad_id=pad if declared else 0)
 
 
 def export_task(source: str | Path, out: str | Path, task: str | None = None,
@@ -139,13 +150,23 @@ def export_task(source: str | Path, out: str | Path, task: str | None = None,
         tokenizer = load_tokenizer(tmp) if has_tokenizer else None
         name = task or reference.kind.default_task
         _check_head(reference, name)
-        roles = transformation(name).special_roles()
-        spec = _task(reference, config, name, special_tokens(roles, source, tokenizer, cfg.vocab_size, special, name))
+        plain_template = plain(reference, source, special)
+        if plain_template:
+            log.info("%s declares no extract token: the plain template (the text alone, the head on the last "
+                     "non-padding token), as transformers runs it", source)
+        roles = () if plain_template else transformation(name).special_roles()
+        spec = _task(reference, config, name, special_tokens(roles, source, tokenizer, cfg.vocab_size, special, name),
+                     plain_template)
         fused_ops = _write_graph(reference, tmp / MODEL_FILE, opset, fused)
         hf = {**hf_config(cfg), "architectures": list(config.get("architectures") or []), "pad_token_id": spec.pad_id}
         if spec.id2label:
             hf.update(id2label=spec.id2label, label2id={v: int(k) for k, v in spec.id2label.items()})
         write_json(tmp / "config.json", hf)
+        # the roles' tokens as transformers declares them: what another tool reads, and what verify holds the
+        # manifest's special ids to (task_claims.py)
+        declared = {DECLARED_AS[r]: tokenizer.id_to_token(getattr(spec.special_tokens, r))
+                    for r in SPECIAL_ROLES if getattr(spec.special_tokens, r) is not None and tokenizer is not None}
+        write_json(tmp / "tokenizer_config.json", {"model_max_length": cfg.n_positions, **declared})
         manifest = Manifest(shape=cfg.shape(), precision="fp32", eos_id=cfg.eos_token_id, bos_id=cfg.bos_token_id,
                             pad_id=spec.pad_id, inputs=(C.INPUT_IDS, C.ATTENTION_MASK),
                             outputs=(reference.kind.output,), task=spec,

@@ -17,15 +17,13 @@ from pathlib import Path
 
 from .checks.fingerprint import fingerprint_problems, record_fingerprint
 from .checks.graph_check import check_graph
-from .checks.integrity import graph_facts, load_dir_tokenizer, model_path
-from .checks.model_claims import claim_problems
+from .checks.pipeline import CLAIMS, FILES, MANIFEST, check_dir
 from .classify import check_head_graph
 from .errors import GptEdgeError, ModelDirError
 from .graphs.graph_variant import variant_for
 from .graphs.session import CUDA_PROVIDER, SessionConfig, available_providers, import_onnxruntime, make_session
 from .model import LoadedModel
-from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
-from .modeldir.model_files import hash_problems, record_problems
+from .modeldir.manifest import MANIFEST_NAME, Manifest
 
 OK, FAIL, WARN = "ok", "FAIL", "warn"
 
@@ -38,19 +36,6 @@ class Finding:
 
     def to_dict(self) -> dict:
         return {"status": self.status, "check": self.check, "line": self.line}
-
-
-def _file_findings(model_dir: Path, manifest: Manifest) -> list[Finding]:
-    if not manifest.files:
-        return [Finding(FAIL, "files", f"{MANIFEST_NAME} records no file sizes or hashes (an older gptedge wrote it): "
-                                       "the files cannot be verified; export / quantize it again")]
-    problems = record_problems(model_dir, manifest.files) or hash_problems(model_dir, manifest.files)
-    if problems:
-        return [Finding(FAIL, "files", p) for p in problems]
-    total = sum(r.size for r in manifest.files)
-    names = ", ".join(r.path for r in manifest.files)
-    return [Finding(OK, "files", f"{len(manifest.files)} files ({names}; {total / 1e6:,.1f} MB): sizes and SHA-256 "
-                                 "as recorded")]
 
 
 def _run_findings(model_dir: Path, manifest: Manifest, graph: Path, device: str, threads: int | None) -> list[Finding]:
@@ -104,27 +89,26 @@ def _head_findings(session, manifest: Manifest, graph: Path) -> list[Finding]:
 
 
 def verify_model_dir(model_dir: str | Path, device: str = "cpu", threads: int | None = None) -> list[Finding]:
-    """Every check of a model dir -> its findings (a FAIL among them: the dir is not as its manifest says)."""
+    """Every check of a model dir -> its findings (a FAIL among them: the dir is not as its manifest says). The
+    static checks are the pipeline's (checks/pipeline.py), every problem listed; then the graph is run."""
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        return [Finding(FAIL, "manifest", f"{model_dir}: no such model directory")]
-    try:
-        manifest = read_manifest(model_dir)
-        graph = model_path(model_dir, manifest)
-    except ModelDirError as e:
-        return [Finding(FAIL, "manifest", str(e))]
-    findings = [Finding(OK, "manifest", f"{MANIFEST_NAME} parses; model_file {manifest.model_file} is inside the dir")]
-    findings += _file_findings(model_dir, manifest)
-    try:
-        facts = graph_facts(graph)
-        tokenizer = load_dir_tokenizer(model_dir)
-    except ModelDirError as e:
-        return findings + [Finding(FAIL, "claims", str(e))]
-    claims = claim_problems(model_dir, manifest, facts, tokenizer)
-    findings += [Finding(FAIL, "claims", p) for p in claims] or [
-        Finding(OK, "claims", f"precision {manifest.precision}, graph {manifest.graph}, arch {manifest.shape.arch}, "
-                              f"context {manifest.shape.context_length}, special ids and tokenizer agree with the "
-                              "graph and the files beside it")]
+    found = check_dir(model_dir)
+    manifest, failed = found.manifest, {check for check, _ in found.problems}
+    findings = [Finding(FAIL, check, line) for check, line in found.problems if check == MANIFEST]
+    if manifest is None or found.graph is None:
+        return findings
+    findings.insert(0, Finding(OK, MANIFEST, f"{MANIFEST_NAME} parses; model_file {manifest.model_file} is inside "
+                                             "the dir"))
+    findings += [Finding(FAIL, check, line) for check, line in found.problems if check == FILES] or [
+        Finding(OK, FILES, f"{len(manifest.files)} files ({', '.join(r.path for r in manifest.files)}; "
+                           f"{sum(r.size for r in manifest.files) / 1e6:,.1f} MB): sizes and SHA-256 as recorded")]
+    findings += [Finding(FAIL, check, line) for check, line in found.problems if check == CLAIMS]
+    if found.facts_read and CLAIMS not in failed:
+        findings.append(Finding(OK, CLAIMS, f"precision {manifest.precision}, graph {manifest.graph}, arch "
+                                            f"{manifest.shape.arch}, context {manifest.shape.context_length}, "
+                                            "special ids, tokenizer and the files other engines read agree with "
+                                            "the graph"))
+    findings += [Finding(WARN, check, line) for check, line in found.notes]
     if any(f.status == FAIL for f in findings):
         return findings  # running a graph that is not what the manifest says proves nothing more
-    return findings + _run_findings(model_dir, manifest, graph, device, threads)
+    return findings + _run_findings(model_dir, manifest, found.graph, device, threads)

@@ -206,6 +206,9 @@ def test_verify_checks_a_classifier_dir(runner, task_dirs, tmp_path):
     m = json.loads((bad / "gptedge.json").read_text())
     m["task"]["id2label"]["3"] = "extra"
     (bad / "gptedge.json").write_text(json.dumps(m))
+    config = json.loads((bad / "config.json").read_text())  # config.json edited alike: only the graph can tell
+    config["id2label"]["3"] = "extra"
+    (bad / "config.json").write_text(json.dumps(config))
     result = runner.invoke(main, ["verify", str(bad), "--device", "cpu"])
     assert result.exit_code == 1 and "task entailment with 4 outputs, the graph gives [1, 3]" in result.output
 

@@ -223,9 +223,10 @@ def test_verify_lists_every_problem(dirs, tmp_path):
     assert fails == ["FAIL  claims: gptedge.json says eos_id 5, config.json says eos_token_id 50256",
                      "FAIL  claims: gptedge.json says eos_id 5, generation_config.json says eos_token_id 50256",
                      "FAIL  claims: gptedge.json says eos_id 5, which is '&' in tokenizer.json, not one of its special "
-                     "tokens ('<|endoftext|>' = 50256)"]
+                     "tokens ('<|endoftext|>' = 50256)",
+                     "FAIL  claims: gptedge.json says eos_id 5, genai_config.json says model.eos_token_id 50256"]
     data = json.loads(verify(d, "--json").stdout)
-    assert data["ok"] is False and sum(f["status"] == "FAIL" for f in data["findings"]) == 3
+    assert data["ok"] is False and sum(f["status"] == "FAIL" for f in data["findings"]) == 4
 
 
 def test_verify_reports_an_old_manifest_and_a_missing_fingerprint(dirs, tmp_path):

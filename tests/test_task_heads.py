@@ -205,9 +205,14 @@ def test_each_loader_refuses_the_other_kind_in_one_line(dirs, gpt2_model_dir):
 
 
 def test_a_checkpoint_without_the_special_tokens_is_refused_in_one_line_unless_they_are_named(tmp_path):
+    """A checkpoint that declares its extract token but not the others. (One that declares no extract token at all
+    takes the plain template: test_plain_template.py.)"""
+    import json
+
     from gptedge.export.head_export import export_task
 
     ck = make_checkpoint("gpt2-seq", tmp_path / "ck", declare=False)
+    (ck / "tokenizer_config.json").write_text(json.dumps({"cls_token": "<extract>"}))
     with pytest.raises(CheckpointError, match=r"needs a start token and the checkpoint declares none \(bos_token"):
         export_task(ck, tmp_path / "out", task="entailment")
     assert not (tmp_path / "out").exists()

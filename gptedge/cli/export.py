@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
 from gptedge.atomic import check_output, scratch_dir
@@ -10,7 +13,10 @@ from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 from gptedge.runtime.registry import GRAPH_VARIANTS, TASKS
 
 from .group import command
-from .options import FORCE_HELP, count, diag, import_extra, registry_choice
+from .options import FORCE_HELP, RegistryChoice, count, diag, import_extra, registry_choice
+
+LM = "lm"  # --task lm: a head checkpoint's language model, the head left out
+SEQUENCE_HEAD, DOUBLE_HEADS = "ForSequenceClassification", "DoubleHeadsModel"
 
 
 def special_tokens(ctx, param, value: tuple[str, ...]) -> dict[str, str | int]:
@@ -37,9 +43,11 @@ def special_tokens(ctx, param, value: tuple[str, ...]) -> dict[str, str | int]:
 @click.option("--revision", default=None, help="Hub SOURCE: branch, tag or commit (default: main).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16: the validated fp32 export, halved (as quantize --method fp16); for --device cuda.")
-@click.option("--task", type=registry_choice(TASKS), default=None,
+@click.option("--task", type=RegistryChoice(lambda: (*TASKS.names(), LM)), default=None,
               help="Export the checkpoint's fine-tuned head (*ForSequenceClassification: classification, entailment "
-                   "or similarity; *DoubleHeadsModel: multiple-choice) as a classifier dir for `gptedge classify`.")
+                   "or similarity; *DoubleHeadsModel: multiple-choice) as a classifier dir for `gptedge classify`; "
+                   "lm: its language model only, the head left out. Default: what config.json's architectures say "
+                   "(a head checkpoint is refused without --task).")
 @click.option("--special-token", "special", multiple=True, callback=special_tokens, metavar="ROLE=TOKEN",
               help="With --task: the start / delimiter / extract token (text or id), where the checkpoint's "
                    "tokenizer_config.json does not declare it (bos_token / sep_token / cls_token). Repeatable.")
@@ -49,7 +57,12 @@ def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, grap
 
     SOURCE: a local HF checkpoint dir, or a Hugging Face Hub id (gpt2, openai-community/gpt2-medium)."""
     check_output(out, force, inputs=[source])  # before importing torch, let alone loading
-    if task is not None or special:
+    dropped = _refuse_a_head_exported_as_lm(source) if task is None else None
+    if task == LM:
+        if special:
+            raise click.UsageError("--special-token applies to --task exports of a head, not --task lm")
+        task = None
+    elif task is not None or special:
         return _export_task(source, out, force, opset, plain_ops, graph_variant, revision, precision, task, special)
     exporter = import_extra("gptedge.export.exporter", "export")
     if precision == "fp16":
@@ -61,6 +74,27 @@ def export(source: str, out: str, force: bool, opset: int, plain_ops: bool, grap
     diag(f"exported {source} -> {out}: graph vs reference max |diff| {graph.max_abs_diff:.2e} "
          f"({graph.output}, {graph.step}), top-1 {graph.top1_agreement:.2%}; "
          f"greedy {greedy.tokens_compared} tokens identical over {greedy.prompts} prompts")
+    if dropped:
+        diag(f"{source} is a {dropped}: its language model was exported, its multiple_choice_head left out "
+             "(export it with --task multiple-choice)")
+
+
+def _refuse_a_head_exported_as_lm(source: str) -> str | None:
+    """A *ForSequenceClassification checkpoint (config.json's architectures) exported without --task would silently
+    become a language model, its fine-tuned head dropped: refused, naming both ways out. A *DoubleHeadsModel is a
+    language model and a head: its LM is exported, and the dropped head is returned to be said. (A Hub id is not
+    read here.)"""
+    try:
+        config = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+        archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None  # not a local checkpoint, or no readable config: the exporter says what is wrong with it
+    heads = [a for a in archs if a.endswith(SEQUENCE_HEAD)]
+    if heads:
+        raise click.UsageError(f"{source} is a {heads[0]} checkpoint (a fine-tuned head): export it with --task "
+                               "classification (or entailment / similarity), or with --task lm for its language "
+                               "model alone, the head left out")
+    return next((a for a in archs if a.endswith(DOUBLE_HEADS)), None)
 
 
 def _export_task(source: str, out: str, force: bool, opset: int, plain_ops: bool, graph_variant: str,

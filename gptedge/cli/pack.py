@@ -35,6 +35,14 @@ def pack(models: tuple[str, ...], target: str, out: str, force: bool, page: bool
     int8 = weight-only 8-bit, uint8 = static INT8, q4 = 4-bit), several MODEL dirs of one model side by side; open
     OUT/playground/ from any static server, or `gptedge serve`. mobile: one MODEL as model.ort plus the
     required-operators config for a minimal ONNX Runtime build."""
+    ctx = click.get_current_context()
+    given = {name for name in ("page", "platform")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    if target == "web" and "platform" in given:
+        raise click.UsageError("--platform applies to --target mobile (the CPU the ORT model is optimized for), "
+                               "not --target web")
+    if target == "mobile" and "page" in given:
+        raise click.UsageError("--page / --no-page apply to --target web (the playground page), not --target mobile")
     check_output(out, force, inputs=models)
     if target == "mobile" and len(models) != 1:
         raise click.UsageError("--target mobile packs one MODEL dir")

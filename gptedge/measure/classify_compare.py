@@ -89,7 +89,7 @@ def check_classifier_dirs(manifests: Sequence[tuple[str, Manifest]]) -> Task:
 def read_labelled(task: Task, text: str, what: str = "JSONL") -> LabelledSet:
     """The JSONL text -> the examples and their gold indices; a line without a valid label is refused in one
     line naming it (line numbers count blank lines, as read_jsonl's do)."""
-    numbers = [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    numbers = [n for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     objects = read_jsonl(text, what)
     labels = task.labels()
     choice = task.transformation.combine == COMBINE_CHOICES

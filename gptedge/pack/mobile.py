@@ -33,7 +33,9 @@ from gptedge import __version__
 from gptedge.onnx_files import external_data_path
 from gptedge.runtime.errors import GptEdgeError
 from gptedge.runtime.modeldir.genai_config import GENAI_CONFIG, GENERATION_CONFIG, TOKENIZER_CONFIG
-from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest, write_json, write_manifest
+from gptedge.runtime.checks.pipeline import check_model_dir
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, write_json, write_manifest
+from gptedge.runtime.modeldir.onnx_wire import is_ort_format
 from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 
 from .web import PACK_FORMAT, PACK_MANIFEST
@@ -54,8 +56,11 @@ class MobilePackError(GptEdgeError):
 def write_mobile_model(source: Path, dest: Path, platform: str = "arm") -> dict:
     """The ORT-format folder for the model dir `source` into the existing empty dir `dest` -> its pack manifest."""
     source = Path(source)
-    manifest = read_manifest(source)
+    manifest = check_model_dir(source)  # files, hashes and every claim, before the converter reads the graph
     graph = source / manifest.model_file
+    if is_ort_format(graph):
+        raise MobilePackError(f"{source}: its graph {manifest.model_file} is already in the ORT format (a mobile "
+                              "pack): pack the model dir it was made from")
     data = external_data_path(graph)
     size = graph.stat().st_size + (data.stat().st_size if data else 0)
     if size > ORT_FORMAT_LIMIT:

@@ -31,7 +31,9 @@ from gptedge.atomic import PACK_MANIFEST
 from gptedge.onnx_files import external_data_path
 from gptedge.runtime.errors import GptEdgeError
 from gptedge.runtime.modeldir.genai_config import GENERATION_CONFIG, TOKENIZER_CONFIG
-from gptedge.runtime.modeldir.manifest import Manifest, read_manifest, write_json
+from gptedge.runtime.checks.pipeline import check_model_dir
+from gptedge.runtime.modeldir.manifest import Manifest, Source, write_json
+from gptedge.runtime.modeldir.onnx_wire import is_ort_format
 from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 from gptedge.runtime.modeldir.web_ready import WASM_CONTRIB_OPS, recipe_dtype, web_readiness
 
@@ -55,11 +57,21 @@ class WebGraph:
     recipe: str
 
 
+def checkpoint_sha256(source: Source) -> str | None:
+    """The SHA-256 of the checkpoint weights a dir was exported from (through the fp32 dir for a quantized one)."""
+    return source.sha256 or (checkpoint_sha256(source.fp32_source) if source.fp32_source else None)
+
+
 def plan(sources: list[Path]) -> list[WebGraph]:
-    """Check every source before anything is written: web-ready, one dtype each, one model and tokenizer."""
+    """Check every source before anything is written: the model-dir pipeline (files, hashes, claims), web-ready,
+    one dtype each, one model (shape, checkpoint) and tokenizer."""
     graphs = []
     for source in sources:
-        manifest = read_manifest(source)
+        manifest = check_model_dir(source)
+        if is_ort_format(source / manifest.model_file):
+            raise WebPackError(f"{source}: its graph {manifest.model_file} is in the ORT format (a mobile pack), which "
+                               "onnxruntime-web does not load from a transformers.js folder: pack the model dir it was "
+                               "made from")
         ready = web_readiness(manifest)
         if not ready.ready:
             raise WebPackError(f"{source}: not web-ready: {ready.reason}")
@@ -73,6 +85,11 @@ def plan(sources: list[Path]) -> list[WebGraph]:
         if g.manifest.shape != first.manifest.shape:
             raise WebPackError(f"{g.source} is not the same model as {first.source} (shape {g.manifest.shape} vs "
                                f"{first.manifest.shape})")
+        ours, theirs = checkpoint_sha256(g.manifest.source), checkpoint_sha256(first.manifest.source)
+        if ours != theirs:  # same shape and tokenizer, other weights: two models posing as two dtypes of one
+            raise WebPackError(f"{g.source} and {first.source} come from different checkpoints (weights SHA-256 "
+                               f"{(ours or 'not recorded')[:16]} vs {(theirs or 'not recorded')[:16]}): pack them into "
+                               "separate folders")
         if _read(g.source / TOKENIZER_FILE) != _read(first.source / TOKENIZER_FILE):
             raise WebPackError(f"{g.source} and {first.source} have different {TOKENIZER_FILE} files")
     return graphs

@@ -3,8 +3,10 @@
 graph's facts and the tokenizer are read). The first problem raises ModelDirError in one line naming the
 dir, how many more there are, and `gptedge verify`, which lists them all (verify.py).
 
-Old manifests (no `files`: written before gptedge recorded sizes and hashes) still load, with one
-warning per dir and process; verify reports them as unverifiable.
+Format-1 manifests (no `files`: written before gptedge recorded sizes and hashes) still load, with one
+warning per dir and process; verify reports them as unverifiable. A format-2 (or later) manifest without
+`files` is refused: every gptedge that wrote format 2 recorded them, so the list was deleted, and a flipped
+weight would then run unnoticed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..modeldir.model_files import HashCheck, check_records, confined
 from ..modeldir.onnx_wire import is_ort_format, read_graph_facts
 from ..modeldir.tokenizer import has_tokenizer, load_tokenizer
 from .model_claims import claim_problems
+from .ort_facts import read_ort_facts
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +43,21 @@ def model_path(model_dir: Path, manifest: Manifest) -> Path:
     return path
 
 
+def unrecorded(manifest: Manifest) -> str:
+    """The one line for a manifest that records no files."""
+    if manifest.format_version >= 2:
+        return (f"its {MANIFEST_NAME} (format_version {manifest.format_version}) has no `files` list, which every "
+                "gptedge writing that format records: the sizes and hashes were removed, so its files cannot be "
+                "trusted; export / quantize it again")
+    return (f"{MANIFEST_NAME} records no file sizes or hashes (an older gptedge wrote it): the files cannot be "
+            "verified; export / quantize it again")
+
+
 def start_file_checks(model_dir: Path, manifest: Manifest, imported: bool) -> HashCheck:
     """Paths and sizes now (raises), hashes in a thread (read its problems once the session is built)."""
     check_records(model_dir, manifest.files)
+    if not manifest.files and not imported and manifest.format_version >= 2:
+        raise_first(model_dir, [unrecorded(manifest)])
     if not manifest.files and not imported:
         key = model_dir.resolve()
         if key not in _warned:
@@ -57,13 +72,15 @@ def load_dir_tokenizer(model_dir: Path):
 
 
 def graph_facts(graph: Path):
-    """The graph's facts, or None for an ORT-format graph (pack --target mobile): a flatbuffer gptedge does not
-    parse, whose graph claims are then checked by graph_check's probe run only."""
-    return None if is_ort_format(graph) else read_graph_facts(graph)
+    """-> (the graph's facts, whether it is an ORT-format graph (pack --target mobile), read by ort_facts)."""
+    if is_ort_format(graph):
+        return read_ort_facts(graph), True
+    return read_graph_facts(graph), False
 
 
 def check_claims(model_dir: Path, manifest: Manifest, graph: Path, tokenizer, imported: bool) -> None:
-    raise_first(model_dir, claim_problems(model_dir, manifest, graph_facts(graph), tokenizer, imported))
+    facts, ort_format = graph_facts(graph)
+    raise_first(model_dir, claim_problems(model_dir, manifest, facts, tokenizer, imported, ort_format=ort_format))
 
 
 def open_checked_session(model_dir: Path, manifest: Manifest, imported: bool, device: str,

@@ -29,6 +29,9 @@ from ..modeldir.manifest import MANIFEST_NAME, Manifest
 from ..modeldir.onnx_wire import GraphFacts
 from ..modeldir.recipe import block_linear_names, kept_at_8bit
 from ..registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
+from .companion_files import companion_problems
+from .recipe_claims import recipe_problems
+from .task_claims import task_problems
 
 LAYER_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization")
 CONFIG_SHAPE = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "vocab_size": "vocab_size",
@@ -252,19 +255,28 @@ def _external_files(m: Manifest, facts: GraphFacts) -> list[str]:
 
 
 def claim_problems(model_dir: Path, m: Manifest, facts: GraphFacts | None, tokenizer=None,
-                   imported: bool = False) -> list[str]:
+                   imported: bool = False, ort_format: bool = False) -> list[str]:
     """Every mismatch between the manifest's claims and the graph / files beside it, one line each.
 
-    facts None: a graph gptedge cannot read (ORT format): only the files beside it are compared.
+    facts None: a graph gptedge could not read: only the files beside it are compared. ort_format: facts read from
+    an ORT-format graph (ort_facts.py), whose converter optimized it: its ops, types and attributes are compared
+    (precision, method, graph variant, KV cache, accuracy level), not what optimization rewrites (the position
+    table, LayerNorm count, mask reading) nor per-weight values.
     imported: a dir another tool exported (no gptedge.json; the manifest was read from config.json): only the
     graph's context and the tokenizer's vocabulary are checked, as nothing else was claimed."""
-    graph = facts if facts is not None else GraphFacts()
+    graph = facts if facts is not None and not ort_format else GraphFacts()
     if imported:
         return [p.replace(SAYS, "config.json says") for p in _context(m, graph)] + _tokenizer_vocab(m, tokenizer)
     config, generation = _read_json(model_dir / "config.json"), _read_json(model_dir / "generation_config.json")
     problems = [d["__error__"] for d in (config, generation) if "__error__" in d]
     if facts is not None:
-        problems += (_context(m, facts) + _precision_and_method(m, facts) + _graph_variant(m, facts)
-                     + _kv_cache(m, facts) + _wide_mask(m, facts) + _external_files(m, facts))
-    return problems + _arch(m, graph, config) + _tokenizer_vocab(m, tokenizer) + _special_ids(m, config, generation,
-                                                                                          tokenizer)
+        problems += _precision_and_method(m, facts) + _graph_variant(m, facts) + _kv_cache(m, facts)
+        if ort_format:
+            problems += recipe_problems(model_dir, model_dir / m.model_file, m, facts, values=False)
+        else:
+            problems += (_context(m, facts) + _wide_mask(m, facts) + _external_files(m, facts)
+                         + recipe_problems(model_dir, model_dir / m.model_file, m, facts))
+    return (problems + _arch(m, graph, config) + _tokenizer_vocab(m, tokenizer)
+            + _special_ids(m, config, generation, tokenizer)
+            + task_problems(m, tokenizer, _read_json(model_dir / "tokenizer_config.json"))
+            + companion_problems(model_dir, m, config if "__error__" not in config else {}))

@@ -25,7 +25,7 @@ from ..registry import FAMILIES, GRAPH_VARIANTS
 from .kv_cache import DEFAULT_KV_CACHE, kv_cache_kind
 from .model_files import FileRecord, record_files
 from .recipe import QuantizeRecipe
-from .tasks import Task
+from .tasks import READS_LAST, Task
 from .tokenizer import TOKENIZER_FILE
 
 MANIFEST_NAME = "gptedge.json"
@@ -269,6 +269,8 @@ class Manifest:
         d = json.loads(json.dumps(dataclasses.asdict(self)))  # tuples as lists, as written
         if d["task"] is None:
             del d["task"]  # a language model's manifest is what older gptedge wrote and reads
+        elif d["task"]["transformation"]["reads"] == READS_LAST:
+            del d["task"]["transformation"]["reads"]  # the paper's templates: as before, so older gptedge reads them
         if self.kv_cache == DEFAULT_KV_CACHE:
             del d["kv_cache"]  # as format 2 wrote it, so an older gptedge still reads the dir
         if not self.wide_mask:

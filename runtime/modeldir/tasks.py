@@ -29,10 +29,18 @@ from ..registry import TASKS
 
 START, DELIMITER, EXTRACT = "start", "delimiter", "extract"
 SPECIAL_ROLES = (START, DELIMITER, EXTRACT)
+# role -> the transformers special-token attribute a checkpoint (and a classifier dir's tokenizer_config.json)
+# declares it as; transformers' own DoubleHeads example adds its extract token as `cls_token`
+DECLARED_AS = {START: "bos_token", DELIMITER: "sep_token", EXTRACT: "cls_token"}
 CHOICES, CHOICE = "choices", "choice"  # the multiple-choice field, and the template's stand-in for one of them
 HEAD_SEQUENCE = "sequence-classification"  # transformers' *ForSequenceClassification `score` (num_labels)
 HEAD_CHOICE = "multiple-choice"  # transformers' *DoubleHeadsModel `multiple_choice_head` (one logit a row)
 COMBINE_ONE, COMBINE_SUM, COMBINE_CHOICES = "one", "sum", "choices"
+# Which token of a row the head reads. "last": the row's last token (the paper's extract token, or the text's last
+# token); "last-non-pad": the last token that is not the pad id, as transformers' *ForSequenceClassification pools
+# (a text ending in its pad token, often end-of-text, is read before it).
+READS_LAST, READS_LAST_NON_PAD = "last", "last-non-pad"
+READS = (READS_LAST, READS_LAST_NON_PAD)
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class Transformation:
     fields: tuple[str, ...]  # what a caller gives for one example
     sequences: tuple[tuple[str, ...], ...]  # token templates: a special role or a field ("choice": each choice)
     combine: str  # "one" row; "sum" of the rows' logits; "choices": one row and one logit per choice
+    reads: str = READS_LAST  # READS: the token whose state the head reads
 
     def special_roles(self) -> tuple[str, ...]:
         """The special tokens the templates use, in SPECIAL_ROLES order."""
@@ -86,6 +95,21 @@ def transformation(name: str) -> Transformation:
     return Transformation(fields=e.fields, sequences=e.sequences, combine=e.combine)
 
 
+def plain_transformation(name: str, pad_declared: bool = True) -> Transformation:
+    """A task's plain template: its line without the special tokens (the text alone; a pair's fields one after the
+    other), the head on the last non-padding token. What transformers' GPT2ForSequenceClassification runs on a
+    checkpoint fine-tuned with no added tokens (pad_declared False: its config names no pad_token_id, and
+    transformers then reads each row's last token)."""
+    line = transformation(name)
+    sequences = tuple(tuple(p for p in seq if p not in SPECIAL_ROLES) for seq in line.sequences)
+    return Transformation(fields=line.fields, sequences=sequences, combine=line.combine,
+                          reads=READS_LAST_NON_PAD if pad_declared else READS_LAST)
+
+
+def is_plain(t: Transformation) -> bool:
+    return not t.special_roles()
+
+
 TASK = transformation  # what the registry's lines name (TASKS.load(name)(name))
 
 
@@ -129,6 +153,8 @@ def rows(task: Task, encoded: Mapping[str, list[int] | list[list[int]]], context
                     row.append(special[part])
                 else:
                     row.extend(choice if part == CHOICE else encoded[part])
+            if task.transformation.reads == READS_LAST_NON_PAD:
+                row = _before_trailing_pad(row, task.pad_id)
             if len(row) > context_length:
                 raise PromptTooLongError(f"{task.name}: an input of {len(row)} tokens (with its special tokens) "
                                          f"does not fit the model's {context_length} positions")
@@ -136,11 +162,22 @@ def rows(task: Task, encoded: Mapping[str, list[int] | list[list[int]]], context
     return out
 
 
+def _before_trailing_pad(row: list[int], pad_id: int) -> list[int]:
+    """The row up to its last token that is not pad_id (transformers reads that token's state; what follows it is
+    padding to transformers, so it is left out here); a row of pad ids only keeps its first token (transformers'
+    argmax over no non-pad token is position 0)."""
+    end = len(row)
+    while end > 1 and row[end - 1] == pad_id:
+        end -= 1
+    return row[:end]
+
+
 def read_jsonl(text: str, what: str = "JSONL") -> list[dict]:
     """One JSON object a line (blank lines skipped) -> the objects; a line that is not one is refused in one line
-    naming it. Each object holds a task's fields (and, for compare, a "label")."""
+    naming it. Each object holds a task's fields (and, for compare, a "label"). Lines end at "\n" only (JSON Lines'
+    rule): str.splitlines would also split at U+2028, U+2029 or U+0085 inside a valid JSON string."""
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
