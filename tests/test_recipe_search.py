@@ -40,11 +40,12 @@ def few_tokens(monkeypatch):
 
 def test_a_loose_budget_takes_the_smallest_and_records_the_search(gpt2_model_dir, tmp_path):
     result = CliRunner().invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q"), "--max-kl", "10",
-                                       "--calibration", CALIBRATION])
+                                       "--calibration", CALIBRATION, "--prefer", "size"])
     assert result.exit_code == 0, result.output
     m = read_manifest(tmp_path / "q")
     s = m.quantization.search
     assert s.chosen == "--bits 4 --scale-search mse" and len(s.candidates) == 1 and s.max_kl == 10
+    assert s.prefer == "size"  # the one preference offered (nothing is timed), recorded as given
     assert (m.quantization.bits, m.quantization.awq, m.quantization.scale_search) == (4, False, "mse")
     c = s.candidates[0]
     assert 0 < c.kl_calibration <= 10 and c.kl_held_out is not None and c.size_bytes > 0
@@ -85,6 +86,7 @@ def test_cli_refusals(gpt2_model_dir, tmp_path):
         (["--max-kl", "0.001"], "--max-kl needs --calibration TEXT_FILE", 2),
         (["--max-kl", "0.001", "--method", "weight-only", "--calibration", CALIBRATION], "give it no --method", 2),
         (["--max-kl", "-1", "--calibration", CALIBRATION], "--max-kl must be a positive KL", 2),
+        (["--max-kl", "0.001", "--calibration", CALIBRATION, "--prefer", "speed"], "Invalid value for '--prefer'", 2),
     ]:
         result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"), *args])
         assert result.exit_code == code and message in result.output, result.output
