@@ -81,7 +81,7 @@ class Rewrite:
 
     def untied_head(self) -> tuple[onnx.NodeProto, onnx.NodeProto] | None:
         """-> (the token embedding's Gather, the LM head's Gemm) where the head has a (V, C) weight of its own
-        (Llama-style untied heads); None where the head is tied or there is none."""
+        (an untied head); None where the head is tied or there is none."""
         ids = {INPUT_IDS} | {n.output[0] for n in self.model.graph.node if n.op_type == "Reshape" and n.input[0] == INPUT_IDS}
         gather = next((n for n in self.model.graph.node if n.op_type == "Gather" and n.input[1] in ids
                        and n.input[0] in self.weights), None)

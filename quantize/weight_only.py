@@ -107,7 +107,7 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
     for name, value in (overrides or {}).items():  # a linear's weight is read back below; the LN's stay as inits
         r.init(name, value)
     float_head = None if quantize_head else r.head_linear()  # a task head's score, kept a float MatMul
-    untied = r.untied_head()  # Llama-style: the LM head's (V, C) weight is its own, quantized as the embedding is
+    untied = r.untied_head()  # an untied head: its (V, C) weight is its own, quantized as the embedding is
     if untied is not None:
         gather, gemm = untied
         wte = gather.input[0]

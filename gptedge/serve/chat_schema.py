@@ -18,7 +18,7 @@ from gptedge.runtime.modeldir.chat_template import check_messages
 from gptedge.runtime.errors import InvalidArgumentError
 
 from .openai_schema import (DEFAULT_MAX_TOKENS, MAX_LOGPROBS, _get, _is_int, _is_number, _stop, bad,
-                            check_body_fields, usage)
+                            check_body_fields, sampling_fields, stream_fields, usage)
 
 CHAT_FIELDS = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
@@ -64,11 +64,7 @@ def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
     max_tokens = _get(body, name, DEFAULT_MAX_TOKENS, lambda v: _is_int(v) and v >= 1, "an integer >= 1")
     if max_tokens > max_tokens_limit:
         raise bad(name, f"{name} is {max_tokens}; this server allows at most {max_tokens_limit}")
-    temperature = _get(body, "temperature", 1.0, lambda v: _is_number(v) and v >= 0, "a number >= 0")
-    top_p = _get(body, "top_p", 1.0, lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
-    top_k = _get(body, "top_k", 0, lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: off)")
-    penalty = _get(body, "repetition_penalty", 1.0, lambda v: _is_number(v) and v > 0, "a number > 0 (1: off)")
-    seed = _get(body, "seed", None, lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    sampling = sampling_fields(body)
     _get(body, "n", 1, lambda v: v == 1 and _is_int(v), "1 (one choice per request)")
     for name in ("presence_penalty", "frequency_penalty"):
         _get(body, name, 0, lambda v: _is_number(v) and v == 0, "0 (not supported; see repetition_penalty)")
@@ -82,11 +78,7 @@ def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
     for name in ("parallel_tool_calls", "store"):
         _get(body, name, False, lambda v: isinstance(v, bool), "true or false")
     _get(body, "metadata", {}, lambda v: isinstance(v, dict), "an object")
-    stream = _get(body, "stream", False, lambda v: isinstance(v, bool), "true or false")
-    options = _get(body, "stream_options", {}, lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
-                   and isinstance(v.get("include_usage", False), bool), 'an object like {"include_usage": true}')
-    if options and not stream:
-        raise bad("stream_options", "stream_options is only allowed with stream: true")
+    stream, include_usage = stream_fields(body)
     logprobs = _get(body, "logprobs", False, lambda v: isinstance(v, bool), "true or false")
     top = _get(body, "top_logprobs", None, lambda v: _is_int(v) and 0 <= v <= MAX_LOGPROBS,
                f"an integer 0..{MAX_LOGPROBS}")
@@ -94,10 +86,8 @@ def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
         raise bad("top_logprobs", "top_logprobs needs logprobs: true")
     return ChatParams(
         model=model, messages=messages, max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
-                                repetition_penalty=float(penalty), seed=seed),
-        stop=_stop(body["stop"]) if body.get("stop") is not None else (), stream=stream,
-        include_usage=bool(options.get("include_usage", False)),
+        sampling=sampling, stop=_stop(body["stop"]) if body.get("stop") is not None else (), stream=stream,
+        include_usage=include_usage,
         top_logprobs=(top or 0) if logprobs else None,
         ignore_eos=_get(body, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false"),
         add_generation_prompt=_get(body, "add_generation_prompt", True, lambda v: isinstance(v, bool),

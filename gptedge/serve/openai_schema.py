@@ -116,6 +116,27 @@ def check_body_fields(body, known: frozenset[str]) -> None:
         raise bad(unknown[0], f"unrecognized request argument supplied: {', '.join(unknown)}")
 
 
+def sampling_fields(body: dict) -> SamplingParams:
+    """temperature, top_p, seed and the extensions top_k / repetition_penalty, as completions and chat take them."""
+    temperature = _get(body, "temperature", 1.0, lambda v: _is_number(v) and v >= 0, "a number >= 0")
+    top_p = _get(body, "top_p", 1.0, lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
+    top_k = _get(body, "top_k", 0, lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: off)")
+    penalty = _get(body, "repetition_penalty", 1.0, lambda v: _is_number(v) and v > 0, "a number > 0 (1: off)")
+    seed = _get(body, "seed", None, lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
+                          repetition_penalty=float(penalty), seed=seed)
+
+
+def stream_fields(body: dict) -> tuple[bool, bool]:
+    """-> (stream, stream_options.include_usage), the options allowed only with stream: true."""
+    stream = _get(body, "stream", False, lambda v: isinstance(v, bool), "true or false")
+    options = _get(body, "stream_options", {}, lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
+                   and isinstance(v.get("include_usage", False), bool), 'an object like {"include_usage": true}')
+    if options and not stream:
+        raise bad("stream_options", "stream_options is only allowed with stream: true")
+    return stream, bool(options.get("include_usage", False))
+
+
 def parse_completion_request(body, max_tokens_limit: int) -> CompletionParams:
     """A decoded JSON body -> CompletionParams, or ApiError(400) naming the first bad parameter.
 
@@ -131,11 +152,7 @@ def parse_completion_request(body, max_tokens_limit: int) -> CompletionParams:
     max_tokens = _get(body, "max_tokens", DEFAULT_MAX_TOKENS, lambda v: _is_int(v) and v >= 1, "an integer >= 1")
     if max_tokens > max_tokens_limit:
         raise bad("max_tokens", f"max_tokens is {max_tokens}; this server allows at most {max_tokens_limit}")
-    temperature = _get(body, "temperature", 1.0, lambda v: _is_number(v) and v >= 0, "a number >= 0")
-    top_p = _get(body, "top_p", 1.0, lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
-    top_k = _get(body, "top_k", 0, lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: off)")
-    penalty = _get(body, "repetition_penalty", 1.0, lambda v: _is_number(v) and v > 0, "a number > 0 (1: off)")
-    seed = _get(body, "seed", None, lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    sampling = sampling_fields(body)
     for name in ("n", "best_of"):
         _get(body, name, 1, lambda v: v == 1 and _is_int(v), "1 (one choice per prompt; send a list of prompts "
                                                                 "or several requests for more)")
@@ -144,11 +161,7 @@ def parse_completion_request(body, max_tokens_limit: int) -> CompletionParams:
     _get(body, "logit_bias", {}, lambda v: v == {}, "empty (not supported)")
     _get(body, "suffix", "", lambda v: v == "", "empty (not supported)")
     _get(body, "user", "", lambda v: isinstance(v, str), "a string")
-    stream = _get(body, "stream", False, lambda v: isinstance(v, bool), "true or false")
-    options = _get(body, "stream_options", {}, lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
-                   and isinstance(v.get("include_usage", False), bool), 'an object like {"include_usage": true}')
-    if options and not stream:
-        raise bad("stream_options", "stream_options is only allowed with stream: true")
+    stream, include_usage = stream_fields(body)
     logprobs = _get(body, "logprobs", None, lambda v: _is_int(v) and 0 <= v <= MAX_LOGPROBS,
                     f"an integer 0..{MAX_LOGPROBS}")
     echo = _get(body, "echo", False, lambda v: isinstance(v, bool), "true or false")
@@ -156,10 +169,8 @@ def parse_completion_request(body, max_tokens_limit: int) -> CompletionParams:
         raise bad("echo", "echo with logprobs is not supported (the prompt's token logprobs are not computed)")
     return CompletionParams(
         model=model, prompts=prompts, max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
-                                repetition_penalty=float(penalty), seed=seed),
-        stop=_stop(body["stop"]) if body.get("stop") is not None else (), stream=stream,
-        include_usage=bool(options.get("include_usage", False)), logprobs=logprobs, echo=echo,
+        sampling=sampling, stop=_stop(body["stop"]) if body.get("stop") is not None else (), stream=stream,
+        include_usage=include_usage, logprobs=logprobs, echo=echo,
         ignore_eos=_get(body, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false"),
     )
 

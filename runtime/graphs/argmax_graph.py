@@ -9,27 +9,20 @@ Field numbers are onnx.proto3's.
 
 from __future__ import annotations
 
+from ..modeldir.onnx_wire import encode_varint
+
 TOKEN_IDS = "token_ids"
 LOGITS = "logits"
 _INT64, _FLOAT, _FLOAT16 = 7, 1, 10  # TensorProto.DataType
 OPSET = 13
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _field(number: int, payload: bytes | str | int) -> bytes:
     """One protobuf field: an int as a varint (wire type 0), bytes / str length-delimited (wire type 2)."""
     if isinstance(payload, int):
-        return _varint(number << 3) + _varint(payload)
+        return encode_varint(number << 3) + encode_varint(payload)
     data = payload.encode() if isinstance(payload, str) else payload
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
+    return encode_varint(number << 3 | 2) + encode_varint(len(data)) + data
 
 
 def _value_info(name: str, elem_type: int, dims: list[str]) -> bytes:

@@ -120,7 +120,7 @@ class DeviceSlotPool:
         self.decoder.step(ids, self._mask, pos)
         for s in slots:
             self._hold(s, self._held[s] + 1)
-        return self.decoder.last_logits()[slots]  # (n, V) in seqs' order
+        return self.decoder.logits.numpy()[slots, -1, :].astype(np.float32)  # (n, V) in seqs' order: only theirs converted
 
     def remove(self, seq: int) -> None:
         slot = self._slot.pop(seq, None)

@@ -201,7 +201,8 @@ def read_graph_facts(path: str | Path) -> GraphFacts:
     return facts
 
 
-def _encode_varint(n: int) -> bytes:
+def encode_varint(n: int) -> bytes:
+    """A non-negative int as a protobuf varint (what argmax_graph writes its fields with too)."""
     out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
@@ -242,4 +243,4 @@ def without_graph_input(model: bytes, name: str) -> bytes:
     if not dropped:
         raise WireError(f"the graph has no input {name!r}")
     body = b"".join(kept)
-    return model[:key] + _encode_varint(7 << 3 | _LEN) + _encode_varint(len(body)) + body + model[end:]
+    return model[:key] + encode_varint(7 << 3 | _LEN) + encode_varint(len(body)) + body + model[end:]
