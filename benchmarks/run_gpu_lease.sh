@@ -13,6 +13,8 @@
 #   The sample model's weights travel as a part because the repo's own 55 MB of safetensors would fill every call.
 #
 #   bash benchmarks/run_gpu_lease.sh OUT_DIR [BATCHES]
+#   env: TESTS / TESTS_K (which CUDA tests), ENGINES (empty: no benchmark), SIZES (small,xl), TARGETS (gptedge's
+#   dirs: fp16,int8 weight-only), REPEAT, BENCH_TIMEOUT, SERVE_CLIENTS / SERVE_REQUESTS (the serve load)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/gpu-out}; BATCHES=${2:-1,8,64}
@@ -50,12 +52,13 @@ except Exception as e:
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 say "CUDA tests"
-timeout 300 python3 -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider -s ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
-  | tail -25 | tee "$OUT/tests.txt"
+timeout 300 python3 -m pytest -q -m cuda ${TESTS:-tests/test_cuda.py tests/test_cuda_families.py} -p no:cacheprovider -s \
+  ${TESTS_K:+-k "$TESTS_K"} 2>&1 | grep -v '^$' | tail -60 | tee "$OUT/tests.txt"
 if [ -n "${ENGINES-x}" ]; then
   say "benchmark"
-  timeout 420 python3 benchmarks/gpu_bench.py --work /tmp/gpu-bench --sizes small --batches "$BATCHES" \
-    --engines "${ENGINES:-gptedge,gptedge-eager,genai}" --repeat 3 --out "$OUT/gpu.jsonl" 2>&1 | tail -40
+  timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/gpu_bench.py --work /tmp/gpu-bench --sizes "${SIZES:-small}" \
+    --batches "$BATCHES" --engines "${ENGINES:-gptedge,gptedge-eager,genai}" --repeat "${REPEAT:-3}" \
+    --targets "${TARGETS:-fp16,int8 weight-only}" --out "$OUT/gpu.jsonl" 2>&1 | tail -40
 fi
 if [ -n "${SERVE_CLIENTS:-}" ]; then  # `gptedge serve --device cuda` under C streaming clients (serve_load.py)
   say "serve load"
