@@ -45,7 +45,7 @@ def _greedy(model_dir, device, **session):
 
 
 def _leading_same(want, got) -> int:
-    return sum(next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), len(w)) for w, g in zip(want, got))
+    return sum(next((i for i, (a, b) in enumerate(zip(w, g, strict=True)) if a != b), len(w)) for w, g in zip(want, got, strict=True))
 
 
 def _teacher_forced_logits(model, ids: list[int]) -> np.ndarray:
