@@ -45,7 +45,9 @@ def _greedy(model_dir, device, **session):
 
 
 def _leading_same(want, got) -> int:
-    return sum(next((i for i, (a, b) in enumerate(zip(w, g, strict=True)) if a != b), len(w)) for w, g in zip(want, got, strict=True))
+    """Greedy tokens identical before each row's first difference, summed over rows."""
+    return sum(next((i for i, (a, b) in enumerate(zip(w, g, strict=True)) if a != b), len(w))
+               for w, g in zip(want, got, strict=True))
 
 
 def _teacher_forced_logits(model, ids: list[int]) -> np.ndarray:
