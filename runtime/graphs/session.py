@@ -76,6 +76,14 @@ class SessionConfig:
 
 _cuda_preloaded = False
 
+# ONNX Runtime graph rewrites every session skips. GroupQueryAttentionFusion (CUDA) folds the q/k/v projections and
+# the two RotaryEmbedding nodes in front of a GroupQueryAttention into one packed MatMul(NBits) with rotary inside
+# the attention, the layout GenAI's builder writes. Our graphs rotate outside the attention (partial rotary, q/k/v
+# biases between the projection and the rotation) and feed an attention_bias input the rewrite drops: on a
+# weight-only Llama dir ONNX Runtime 1.31 then refuses the rewritten node (input count), and where it does not the
+# fused graph would skip the biases. See docs/design.md#the-onnx-io-contract.
+DISABLED_OPTIMIZERS = ("GroupQueryAttentionFusion",)
+
 
 def _preload_cuda(ort: Any) -> None:
     """CUDA and cuDNN from pip's nvidia-* packages (onnxruntime-gpu >= 1.21 finds them there), once per process."""
@@ -114,7 +122,7 @@ def make_session(model_path: str | bytes, device: str = "auto", config: SessionC
             raise DeviceError("CUDA graphs need the CUDA execution provider")
         provider_options[0]["enable_cuda_graph"] = "1"
     session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
-                                   provider_options=provider_options)
+                                   provider_options=provider_options, disabled_optimizers=list(DISABLED_OPTIMIZERS))
     log.info("session on %s (providers used: %s)", device, ", ".join(session.get_providers()))
     return session
 
