@@ -58,8 +58,10 @@ def _teacher_forced_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def test_fp32_on_cuda_decodes_as_the_cpu(dirs):
+    """ONNX Runtime's CUDA GroupQueryAttention has no fp32 kernel: an fp32 kv_buffer dir keeps its attention and cache
+    on the CPU (the rest on the GPU) and decodes exactly as the CPU does."""
     model, got = _greedy(dirs["fp32"], "cuda")
-    assert model.providers[0] == CUDA_PROVIDER
+    assert model.providers[0] == CUDA_PROVIDER and model.variant.kv_device == "cpu"
     _, want = _greedy(dirs["fp32"], "cpu")
     same = _leading_same(want, got)
     print(f"{dirs['name']} fp32 CUDA vs CPU: {same}/{NEW * len(PROMPTS)} leading greedy tokens identical")

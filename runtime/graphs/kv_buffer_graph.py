@@ -12,6 +12,7 @@ session bound to it, so only the (B,) ids cross to the host.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,6 +25,8 @@ from .graph_variant import GraphVariant, reorder_rows
 from .kv_buffer_pool import SlotPool
 from ..modeldir.manifest import ModelShape
 from .session import CPU_PROVIDER, CUDA_PROVIDER
+
+log = logging.getLogger(__name__)
 
 
 class KVBufferState:
@@ -104,6 +107,13 @@ class KVBufferGraph(GraphVariant):
         self._keep_required = C.LOGITS_TO_KEEP in {i.name for i in session.get_inputs()}
         self._keep = {k: ort.OrtValue.ortvalue_from_numpy(np.array(k, np.int64)) for k in (0, 1)}  # read-only
         self._argmax_session = None
+        if self.kv_device == "cuda" and self.kv_dtype == np.float32:
+            # ONNX Runtime's CUDA GroupQueryAttention takes fp16 / bf16 only: an fp32 graph's attention runs on the
+            # CPU, so its in-place cache must be host memory (a device cache copied to the CPU node and back loses
+            # the in-place writes: greedy left the CPU's path after 1-2 tokens on an H200).
+            self.kv_device = "cpu"
+            log.warning("an fp32 kv_buffer graph on CUDA: attention and its cache stay on the CPU (ONNX Runtime's "
+                        "GroupQueryAttention has no fp32 CUDA kernel); `gptedge quantize --method fp16` for the GPU")
         # Greedy tokens are picked where the logits are on a GPU; on the CPU numpy's argmax is as fast
         # (tests set it on the CPU to check the ArgMax session there)
         self.pick_on_device = self.kv_device != "cpu"
