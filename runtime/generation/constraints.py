@@ -18,8 +18,8 @@ The pieces, in the order a request meets them:
   runs the step that needs them (the serving engine's use), so a constrained row adds no model-thread time
   beyond apply(), and an unconstrained row nothing at all.
 
-JSON is compact (no whitespace between tokens): a small model left free to add whitespace can fill its whole
-budget with it, as xgrammar's and outlines' issue trackers show.
+JSON is compact (no whitespace between tokens) and every number has a finite length (bounded_numbers): a small
+model left free to add whitespace or digits can fill its whole budget with them.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: "," and ":" with 
 STOP_GRAMMAR = "grammar"  # Generation.stop when the grammar is complete and allows nothing more
 CACHED_CONSTRAINTS = 64  # compiled constraints kept per model (clients resend the same schema)
 MAX_ERROR = 300  # characters of a compile error in the one-line message
+MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer every JSON reader keeps exactly (RFC 7493, I-JSON)
+# a number's digits after the point, at most (bounded_numbers); llguidance refuses multipleOf below about 1e-11
+FRACTION_DIGITS = 9
+DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # their values are JSON data, not schemas
 
 
 class ConstraintError(InvalidArgumentError):
@@ -61,7 +65,30 @@ class ConstraintSpec:
 
     @classmethod
     def json_schema(cls, schema: dict | bool) -> ConstraintSpec:
-        return cls("json_schema", json.dumps(schema, ensure_ascii=False))
+        """A JSON schema's spec, its numbers bounded (bounded_numbers)."""
+        return cls("json_schema", json.dumps(bounded_numbers(schema), ensure_ascii=False))
+
+
+def bounded_numbers(schema):
+    """A copy of `schema` whose integers and numbers have a finite length: each integer or number schema without a
+    lower (upper) bound gets -MAX_SAFE_INTEGER (+MAX_SAFE_INTEGER), and each number without multipleOf gets
+    10^-FRACTION_DIGITS. Outputs stay valid against the schema as given (they are a subset), and a model that
+    prefers digits cannot fill its budget with one number (llama.cpp's JSON grammar caps digits the same way).
+    Data inside enum / const / default / examples is left alone."""
+    if isinstance(schema, list):
+        return [bounded_numbers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in DATA_KEYWORDS else bounded_numbers(v) for k, v in schema.items()}
+    kinds = out.get("type") if isinstance(out.get("type"), list) else [out.get("type")]
+    if "integer" in kinds or "number" in kinds:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -MAX_SAFE_INTEGER
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = MAX_SAFE_INTEGER
+        if "number" in kinds and "multipleOf" not in out:
+            out["multipleOf"] = float(f"1e-{FRACTION_DIGITS}")  # its repr is exact; 10.0 ** -9 is not
+    return out
 
 
 def _one_line(message: str) -> str:
@@ -154,6 +181,7 @@ class Constraint:
         row.allowed = self._first_allowed.copy()
         if extra_end_ids and self._matcher.is_accepting():
             row.allowed[list(extra_end_ids)] = True
+        row.bias = np.where(row.allowed, np.float32(0), np.float32(-np.inf))
         row.stale = False
         return row
 
@@ -166,6 +194,7 @@ class RowConstraint:
         self.matcher, self.vocab_size, self.end_ids = matcher, vocab_size, list(end_ids)
         self._words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # llguidance's bitmask: bit i = token i
         self.allowed = np.zeros(vocab_size, dtype=bool)  # (V,) the next token's mask
+        self.bias = np.zeros(vocab_size, dtype=np.float32)  # (V,) 0 where allowed, -inf elsewhere: added to logits
         self.stale = True  # allowed is not yet the mask for the state after the last token
 
     def compute_mask(self) -> None:
@@ -176,13 +205,14 @@ class RowConstraint:
         self.allowed = bits.astype(bool)
         if self.end_ids:
             self.allowed[self.end_ids] = self.matcher.is_accepting()
+        self.bias = np.where(self.allowed, np.float32(0), np.float32(-np.inf))  # one add on the engine thread
         self.stale = False
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """logits (V,) -> a copy with -inf outside the mask (the mask is computed here if still stale)."""
         if self.stale:
             self.compute_mask()
-        return np.where(self.allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+        return logits + self.bias
 
     def advance(self, token: int) -> bool:
         """Feed the chosen token; False when the matcher refuses it (then `error` says why)."""
