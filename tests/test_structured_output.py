@@ -183,11 +183,13 @@ def test_a_constrained_and_an_unconstrained_row_share_a_batch(gpt2_loaded, compi
     assert bound.finish_reason == "stop" and bound.generation.stop == "grammar"
 
 
-def test_masks_allow_the_end_ids_only_where_the_grammar_accepts(gpt2_loaded):
+@pytest.mark.parametrize("model_ends", [1, 2])
+def test_masks_allow_the_end_ids_only_where_the_grammar_accepts(gpt2_loaded, model_ends):
+    """Two end ids: both the model's (a family with several eos ids), or one model eos + a chat end of turn."""
     tokenizer, vocab = gpt2_loaded.tokenizer, gpt2_loaded.manifest.shape.vocab_size
-    ends = (tokenizer.token_to_id("<|endoftext|>"), 11)  # two end ids, as families with several eos have
-    constraint = ConstraintCompiler(tokenizer, vocab, ends[:1]).compile(ConstraintSpec("regex", "[0-9]+"))
-    row = constraint.start(extra_end_ids=ends[1:])
+    ends = (tokenizer.token_to_id("<|endoftext|>"), 11)
+    compiler = ConstraintCompiler(tokenizer, vocab, ends[:model_ends])
+    row = compiler.compile(ConstraintSpec("regex", "[0-9]+")).start(extra_end_ids=ends[model_ends:])
     logits = np.zeros(vocab, dtype=np.float32)
     masked = row.apply(logits)
     assert not row.allowed[list(ends)].any() and np.isneginf(masked[list(ends)]).all()
