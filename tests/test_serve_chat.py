@@ -98,7 +98,7 @@ def test_logprobs_are_the_chosen_tokens(server):
     ({"messages": []}, "messages"),
     ({"messages": [{"content": "no role"}]}, "messages"),
     ({"messages": MESSAGES, "n": 2}, "n"),
-    ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MESSAGES, "response_format": {"type": "yaml"}}, "response_format"),
     ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools"),
     ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": MESSAGES, "max_tokens": 4, "max_completion_tokens": 4}, "max_completion_tokens"),

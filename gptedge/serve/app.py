@@ -39,6 +39,7 @@ from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_j
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
 from .routes import RETRY_AFTER_S, Classifying, Generating, Routes, ServeState, _wait_disconnect
+from .structured import Constraints, requested_constraint
 
 # RETRY_AFTER_S and the state classes live in routes.py; callers import them here
 __all__ = ["RETRY_AFTER_S", "Classifying", "Generating", "ServeState", "create_app"]
@@ -167,6 +168,7 @@ class Api(Routes):
         # a token's own text, for logprobs: cached, the same ids recur
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
+        self.constraints = Constraints(self.model)  # structured output: compiled before admission
         model_dir = self.model.model_dir
         self.chat = ChatRoute(self, served.chat_template or find_chat_template(model_dir), special_tokens(model_dir))
 
@@ -179,15 +181,16 @@ class Api(Routes):
         checked the ids."""
         return [self.model.decode(p) if params.echo else "" for p in ids]
 
-    def submit(self, params: CompletionParams, ids: list[list[int]]) -> Job:
+    def submit(self, params: CompletionParams, ids: list[list[int]], constraint=None) -> Job:
         return self._submit([CompletionRequest(tuple(p), params.max_tokens, params.sampling, params.stop,
-                                               _engine_logprobs(params.logprobs), params.ignore_eos) for p in ids])
+                                               _engine_logprobs(params.logprobs), params.ignore_eos,
+                                               constraint=constraint) for p in ids])
 
     def submit_ids(self, ids: list[int], max_tokens: int, sampling, stop: tuple[str, ...], logprobs: int | None,
-                   ignore_eos: bool, stop_ids: tuple[int, ...] = ()) -> Job:
+                   ignore_eos: bool, stop_ids: tuple[int, ...] = (), constraint=None) -> Job:
         """One prompt's engine request (the chat route's)."""
         return self._submit([CompletionRequest(tuple(ids), max_tokens, sampling, stop, _engine_logprobs(logprobs),
-                                               ignore_eos, stop_ids)], "messages", "conversation")
+                                               ignore_eos, stop_ids, constraint)], "messages", "conversation")
 
     failure = staticmethod(lambda event: _failure(event))
     dumps = staticmethod(lambda obj: _dumps(obj))
@@ -219,12 +222,15 @@ class Api(Routes):
         limits = self.state.limits
         body = await read_body(request.receive, request.headers, limits, lambda: self.state.stopping,
                                self.state.dropped)
-        params = parse_completion_request(parse_json(body, limits), self.max_tokens_limit)
-        del body
+        fields = parse_json(body, limits)
+        params = parse_completion_request(fields, self.max_tokens_limit)
+        asked = requested_constraint(fields)  # response_format / regex / grammar
+        del body, fields
         self.check_model(params.model)
         check_prompt_bytes(params.prompts, self.max_prompt_bytes)
         ids = await run_in_threadpool(self.prompt_ids, params)  # tokenizer work: off the event loop
-        job = self.submit(params, ids)  # the engine checks every prompt, then queues them all (or none)
+        constraint = await run_in_threadpool(self.constraints.compile, asked) if asked else None
+        job = self.submit(params, ids, constraint)  # the engine checks every prompt, then queues them all (or none)
         try:
             echoes = await run_in_threadpool(self.echoes, params, ids)
         except BaseException:  # the client left while the echo decoded: nobody reads this job

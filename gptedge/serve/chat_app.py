@@ -25,6 +25,7 @@ from .chat_schema import ChatCompletion, ChatParams, parse_chat_request, token_l
 from .limits import ClientGone, check_prompt_bytes, parse_json, read_body
 from .openai_schema import ApiError
 from .routes import _wait_disconnect
+from .structured import requested_constraint
 
 
 class ChatRoute:
@@ -50,8 +51,10 @@ class ChatRoute:
         if state.stopping:
             raise ApiError(503, "the server is shutting down", "server_error", code="shutting_down")
         body = await read_body(request.receive, request.headers, state.limits, lambda: state.stopping, state.dropped)
-        params = parse_chat_request(parse_json(body, state.limits), api.max_tokens_limit)
-        del body
+        fields = parse_json(body, state.limits)
+        params = parse_chat_request(fields, api.max_tokens_limit)
+        asked = requested_constraint(fields)  # response_format / regex / grammar
+        del body, fields
         api.check_model(params.model)
         if self.template is None:
             raise ApiError(400, f"'{state.name}' has no chat template: send plain text to POST /v1/completions, or "
@@ -59,8 +62,9 @@ class ChatRoute:
                            code="no_chat_template")
         check_prompt_bytes(tuple(str(m.get("content") or "") for m in params.messages), api.max_prompt_bytes)
         ids = await run_in_threadpool(self.prompt_ids, params)
+        constraint = await run_in_threadpool(api.constraints.compile, asked) if asked else None
         job = api.submit_ids(ids, params.max_tokens, params.sampling, params.stop, params.top_logprobs,
-                             params.ignore_eos, self.stop_ids)
+                             params.ignore_eos, self.stop_ids, constraint)
         out = ChatCompletion(state.name)
         if params.stream:
             return api.event_stream(job, functools.partial(self.stream_chunks, job, params, out, len(ids)))

@@ -3,8 +3,8 @@
 Shapes follow https://platform.openai.com/docs/api-reference/chat so the official `openai` client's
 `chat.completions.create` works unchanged (streaming or not). The sampling fields, their checks and the
 extensions (`top_k`, `repetition_penalty`, `ignore_eos`) are the completions route's (openai_schema.py).
-Not served yet, each refused in one line naming the field: `n` > 1, `tools`, `response_format` other than
-text, `logit_bias`, penalties other than 0.
+`response_format` (and the `regex` / `grammar` extensions) are structured.py's. Not served yet, each refused in
+one line naming the field: `n` > 1, `tools`, `logit_bias`, penalties other than 0.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ CHAT_FIELDS = frozenset({
     "stream_options", "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user",
     "response_format", "tools", "tool_choice", "parallel_tool_calls", "store", "metadata",
     "top_k", "repetition_penalty", "ignore_eos", "add_generation_prompt",
+    "regex", "grammar",  # structured output extensions; they and response_format are parsed by structured.py
 })
 
 
@@ -71,8 +72,6 @@ def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
     _get(body, "logit_bias", {}, lambda v: v == {}, "empty (not supported)")
     _get(body, "tools", [], lambda v: v == [], "empty (tool calls are not supported)")
     _get(body, "tool_choice", "none", lambda v: v == "none", '"none" (tool calls are not supported)')
-    _get(body, "response_format", {"type": "text"}, lambda v: v == {"type": "text"},
-         '{"type": "text"} (structured output is not supported yet)')
     for name in ("user",):
         _get(body, name, "", lambda v: isinstance(v, str), "a string")
     for name in ("parallel_tool_calls", "store"):

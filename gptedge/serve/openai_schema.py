@@ -3,7 +3,8 @@
 No HTTP and no model here: app.py feeds in the decoded JSON body and the served model's facts, and sends
 out what these functions build. Shapes follow https://platform.openai.com/docs/api-reference/completions
 so the official `openai` client works unchanged; `top_k`, `repetition_penalty` and `ignore_eos` are
-extensions (the client passes them through `extra_body`).
+extensions (the client passes them through `extra_body`), as are the structured output fields `response_format`,
+`regex` and `grammar` (parsed by structured.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ KNOWN_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n",
     "best_of", "logprobs", "echo", "suffix", "presence_penalty", "frequency_penalty", "logit_bias", "user",
     "top_k", "repetition_penalty", "ignore_eos",
+    "response_format", "regex", "grammar",  # structured output (structured.py reads them)
 })
 
 

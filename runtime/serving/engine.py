@@ -31,10 +31,12 @@ from enum import Enum
 
 import numpy as np
 
-from ..errors import GptEdgeError
+from ..errors import GptEdgeError, InvalidArgumentError
 from ..generation.arguments import check_bool, check_int, check_stop
+from ..generation.constraints import STOP_GRAMMAR, Constraint, MaskWorker, RowConstraint
 from ..generation.evaluate import log_softmax
-from ..generation.generation import STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, Generation, SequenceState, check_prompts
+from ..generation.generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, STOP_STRING, Generation, SequenceState,
+                                     check_prompts)
 from ..generation.generation_options import PREFILL_CHUNK
 from ..generation.sampling import SamplingParams, select_token
 from ..generation.text_stream import TextStream
@@ -87,6 +89,7 @@ class CompletionRequest:
     logprobs: int = 0  # top-N alternatives reported per token (0: none; the chosen token's logprob always)
     ignore_eos: bool = False
     stop_ids: tuple[int, ...] = ()  # more tokens that end it as eos does (a chat template's end of turn)
+    constraint: Constraint | None = None  # structured output: each token drawn from the grammar's mask
 
     def __post_init__(self) -> None:
         """Types checked here (TypeError naming the field); ranges against the model at submit()."""
@@ -101,6 +104,10 @@ class CompletionRequest:
         check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
         check_bool(self.ignore_eos, "ignore_eos")
         object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise TypeError(f"constraint must be a compiled Constraint, got {type(self.constraint).__name__}")
+        if self.constraint is not None and self.ignore_eos:
+            raise InvalidArgumentError("ignore_eos cannot be combined with a constraint (the grammar's end is eos)")
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,7 @@ class _Active:
     pending: int = -1  # the sampled token the next step feeds
     last_token_at: float = 0.0
     status: RequestState = RequestState.WAITING
+    constraint: RowConstraint | None = None  # its grammar's state and next mask (structured output)
 
 
 class RequestHandle:
@@ -152,6 +160,7 @@ class Engine:
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
         self.metrics = EngineMetrics()
+        self._masks = MaskWorker()  # constrained rows' next masks, computed while the step runs
         self._tokenizer = model.tokenizer if model.has_tokenizer else None
         self._cond = threading.Condition()
         self._waiting: deque[_Active] = deque()
@@ -201,6 +210,9 @@ class Engine:
             raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
         m = self.model.manifest
         check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
+        if request.constraint is not None and request.constraint.vocab_size != m.shape.vocab_size:
+            raise InvalidArgumentError(f"the constraint was compiled for {request.constraint.vocab_size} tokens, "
+                                       f"this model has {m.shape.vocab_size}")
         stream = TextStream(self._tokenizer, request.stop) if self._tokenizer is not None else None
         return SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
                              np.random.default_rng(request.sampling.seed), list(request.prompt_ids))
@@ -213,6 +225,8 @@ class Engine:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
             active = _Active(request, on_event, state, time.perf_counter(), next(self._ids))
+            if request.constraint is not None:
+                active.constraint = request.constraint.start(request.stop_ids)
             self._waiting.append(active)
             self.metrics.queue_depth = len(self._waiting)
             self._cond.notify()
@@ -253,6 +267,7 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail_all(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
         self._cancel_all()
+        self._masks.close()
 
     def _unfinished(self) -> int:
         """Requests waiting, prefilling or running (the caller holds the lock)."""
@@ -311,7 +326,13 @@ class Engine:
         self.metrics.running = len(self._running)
 
     def _decode_step(self) -> None:
-        logits = self.pool.step([a.seq for a in self._running], np.array([a.pending for a in self._running]))
+        # the constrained rows' next masks are computed on the MaskWorker's thread while the model runs
+        masks = self._masks.begin([a.constraint for a in self._running if a.constraint is not None])
+        try:
+            logits = self.pool.step([a.seq for a in self._running], np.array([a.pending for a in self._running]))
+        finally:
+            if masks is not None:
+                masks.result()
         for active, row in zip(list(self._running), logits):
             self._emit_next(active, row)
             if active.state.result.stop:
@@ -321,8 +342,8 @@ class Engine:
 
     def _emit_next(self, active: _Active, logits: np.ndarray) -> None:
         """Select one token from logits (V,), report it, and mark the request done when it ends."""
-        req, state = active.request, active.state
-        tok = select_token(logits, req.sampling, state.rng, state.seen)
+        req, state, rule = active.request, active.state, active.constraint
+        tok = select_token(logits if rule is None else rule.apply(logits), req.sampling, state.rng, state.seen)
         logprob, top = None, None
         if req.logprobs:
             logp = log_softmax(logits[None])[0]
@@ -333,11 +354,19 @@ class Engine:
         piece = state.take(tok, eos, req.max_new_tokens, self.model.manifest.shape.context_length)
         if not req.ignore_eos and tok in req.stop_ids and state.result.stop != STOP_EOS:
             state.result.stop = STOP_EOS  # the end of a chat turn: a stop, whatever else take() found
+        error = None
+        if rule is not None and state.result.stop not in (STOP_EOS, STOP_STRING):
+            if not rule.advance(tok):
+                error = state.result.stop = f"constraint: {rule.error}"
+            elif rule.done:
+                state.result.stop = STOP_GRAMMAR  # the grammar is complete and allows nothing more: a stop
         now = time.perf_counter()
         first = not active.last_token_at
         self.metrics.observe_token(now - (active.submitted if first else active.last_token_at), first)
         active.last_token_at, active.pending = now, tok
-        if state.result.stop:
+        if error is not None:
+            self._finish(active, piece, tok, logprob, top, FinishReason.ERROR, error)
+        elif state.result.stop:
             self._finish(active, piece, tok, logprob, top)
         else:
             self._deliver(active, TokenEvent(piece, tok, logprob, top))
