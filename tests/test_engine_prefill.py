@@ -23,15 +23,15 @@ class RecordingPool:
         self.pool, self.runs, self.fail_groups = pool, [], fail_groups
         self.capacity = pool.capacity
 
-    def prefill_group(self, seqs, prompts):
+    def prefill_group(self, seqs, prompts, *prefixes):  # prefixes: with prefix reuse on (test_prefix_reuse.py)
         if self.fail_groups:
             raise RuntimeError("injected prefill failure")
         self.runs.append(("group", len(seqs), len(seqs) * max(len(p) for p in prompts)))
-        return self.pool.prefill_group(seqs, prompts)
+        return self.pool.prefill_group(seqs, prompts, *prefixes)
 
-    def prefill(self, seq, prompt_ids, chunk):
-        runs = self.pool.prefill(seq, prompt_ids, chunk)
-        done = 0
+    def prefill(self, seq, prompt_ids, chunk, *prefix):
+        runs = self.pool.prefill(seq, prompt_ids, chunk, *prefix)
+        done = prefix[0].shape[2] if prefix and prefix[0] is not None else 0
         while True:
             size = min(chunk or len(prompt_ids), len(prompt_ids) - done)
             self.runs.append(("chunk", 1, size))

@@ -31,7 +31,7 @@ from enum import Enum
 
 import numpy as np
 
-from ..errors import GptEdgeError
+from ..errors import GptEdgeError, InvalidArgumentError
 from ..generation.arguments import check_bool, check_int, check_stop
 from ..generation.evaluate import log_softmax
 from ..generation.generation import STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, Generation, SequenceState, check_prompts
@@ -42,6 +42,7 @@ from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
 from .admission import PrefillPlan, plan_prefill
 from .metrics import EngineMetrics
+from .prefix_cache import DEFAULT_CAP_MB, PrefixReuse
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,8 @@ class _Active:
     submitted: float
     seq: int
     cancelled: threading.Event = field(default_factory=threading.Event)
+    keys: tuple[bytes, ...] = ()  # its prompt's block keys for the prefix cache (prefix_cache.py), when on
+    reused: int = 0  # prompt positions its prefill takes from the prefix cache
     pending: int = -1  # the sampled token the next step feeds
     last_token_at: float = 0.0
     status: RequestState = RequestState.WAITING
@@ -142,7 +145,7 @@ class RequestHandle:
 
 class Engine:
     def __init__(self, model: LoadedModel, max_batch: int = 8, max_queue: int = 64,
-                 prefill_chunk: int | None = PREFILL_CHUNK):
+                 prefill_chunk: int | None = PREFILL_CHUNK, prefix_cache_mb: float = DEFAULT_CAP_MB):
         if not isinstance(model, LoadedModel):
             raise TypeError(f"Engine() takes a loaded model (gptedge.runtime.load(DIR)), got {type(model).__name__}")
         max_batch, max_queue = check_int(max_batch, "max_batch", 1), check_int(max_queue, "max_queue", 0)
@@ -152,6 +155,7 @@ class Engine:
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
         self.metrics = EngineMetrics()
+        self.prefix = self._prefix_reuse(prefix_cache_mb)  # None: every prompt is prefilled from its first token
         self._tokenizer = model.tokenizer if model.has_tokenizer else None
         self._cond = threading.Condition()
         self._waiting: deque[_Active] = deque()
@@ -162,6 +166,19 @@ class Engine:
         self._accepting = True
         self._deadline: float | None = None  # set by stop(): cancel whatever still runs then
         self._thread = threading.Thread(target=self._loop, name="gptedge-engine", daemon=True)
+
+    def _prefix_reuse(self, cap_mb: float) -> PrefixReuse | None:
+        if isinstance(cap_mb, bool) or not isinstance(cap_mb, (int, float)) or not 0 <= cap_mb < float("inf"):
+            raise InvalidArgumentError(f"prefix_cache_mb must be a number >= 0, got {cap_mb!r}")
+        if not cap_mb:
+            return None
+        if not getattr(self.pool, "reuses_prefixes", False):
+            log.info("prefix reuse is off: %s cannot start a sequence from cached keys and values",
+                     type(self.pool).__name__)
+            return None
+        reuse = PrefixReuse(self.pool, int(cap_mb * 2**20))
+        self.metrics.sources.append(reuse.cache.render)
+        return reuse
 
     # -- the caller's side (any thread) -------------------------------------------------------------------
     def start(self) -> Engine:
@@ -182,10 +199,10 @@ class Engine:
         shutting down) those already queued are cancelled before the error is raised."""
         if len(requests) != len(on_events):
             raise TypeError(f"submit_all() takes one on_event per request, got {len(on_events)} for {len(requests)}")
-        states = [self._checked(r, e) for r, e in zip(requests, on_events)]
+        states = [self._checked(r, e) for r, e in zip(requests, on_events, strict=True)]
         handles: list[RequestHandle] = []
         try:
-            for request, on_event, state in zip(requests, on_events, states):
+            for request, on_event, state in zip(requests, on_events, states, strict=True):
                 handles.append(self._queue(request, on_event, state))
         except BaseException:
             for h in handles:
@@ -207,12 +224,13 @@ class Engine:
 
     def _queue(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None],
                state: SequenceState) -> RequestHandle:
+        keys = self.prefix.keys(request.prompt_ids) if self.prefix else ()  # hashed here, off the engine thread
         with self._cond:
             if not self._accepting:
                 raise EngineStoppedError("the server is shutting down")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
-            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids))
+            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids), keys=keys)
             self._waiting.append(active)
             self.metrics.queue_depth = len(self._waiting)
             self._cond.notify()
@@ -266,15 +284,18 @@ class Engine:
         together, else the next chunk of one long prompt (started here when it heads the queue)."""
         plan, group = self._admit()
         if group:
+            prefixes = self._prefixes(group)  # () when reuse is off: the pool is called as it always was
             if not plan.chunked:
                 self._group = group
-                logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group])
+                logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group],
+                                                 *prefixes)
                 self._group = []
-                for active, row in zip(group, logits):
+                for active, row in zip(group, logits, strict=True):
                     self._joined(active, row)
                 return
             active = group[0]
-            self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
+            self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk,
+                                                          *(prefix[0] for prefix in prefixes)))
         if not plan.chunked:
             return
         active, runs = self._prefilling
@@ -291,17 +312,27 @@ class Engine:
         if self._prefilling is not None:  # the engine thread's own state: the queue is not read, no lock needed
             return plan_prefill(True, (), len(self._running), self.max_batch, self.prefill_chunk), []
         with self._cond:
-            plan = plan_prefill(False, (len(a.request.prompt_ids) for a in self._waiting), len(self._running),
-                                self.max_batch, self.prefill_chunk)
+            waiting = ((len(a.request.prompt_ids), self.prefix.reusable(a.request.prompt_ids, a.keys))
+                       if self.prefix else len(a.request.prompt_ids) for a in self._waiting)
+            plan = plan_prefill(False, waiting, len(self._running), self.max_batch, self.prefill_chunk)
             group = [self._waiting.popleft() for _ in range(plan.admit)]
             self.metrics.queue_depth = len(self._waiting)
-        for active in group:
+        for active, reused in zip(group, plan.reused or [0] * len(group), strict=True):
+            active.reused = reused
             self.metrics.tokens_in += len(active.request.prompt_ids)
             active.status = RequestState.PREFILLING
         return plan, group
 
+    def _prefixes(self, group: list[_Active]) -> tuple[list[np.ndarray | None], ...]:
+        """(the cached prefix of each newcomer, or None,) for the pool's prefill; () when reuse is off."""
+        if self.prefix is None:
+            return ()
+        return ([self.prefix.take(a.keys, a.reused) for a in group],)
+
     def _joined(self, active: _Active, logits: np.ndarray) -> None:
         """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
+        if self.prefix is not None:  # its blocks not cached yet, before the row can leave
+            self.prefix.store(active.seq, active.keys)
         self._emit_next(active, logits)
         if active.state.result.stop:
             self.pool.remove(active.seq)
@@ -312,7 +343,7 @@ class Engine:
 
     def _decode_step(self) -> None:
         logits = self.pool.step([a.seq for a in self._running], np.array([a.pending for a in self._running]))
-        for active, row in zip(list(self._running), logits):
+        for active, row in zip(list(self._running), logits, strict=True):
             self._emit_next(active, row)
             if active.state.result.stop:
                 self._running.remove(active)
