@@ -35,14 +35,14 @@ from ..errors import GptEdgeError, InvalidArgumentError
 from ..generation.arguments import check_bool, check_int, check_stop
 from ..generation.evaluate import log_softmax
 from ..generation.generation import STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, Generation, SequenceState, check_prompts
-from ..generation.generation_options import PREFILL_CHUNK
+from ..generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB
 from ..generation.sampling import SamplingParams, select_token
 from ..generation.text_stream import TextStream
 from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
 from .admission import PrefillPlan, plan_prefill
 from .metrics import EngineMetrics
-from .prefix_cache import DEFAULT_CAP_MB, PrefixReuse
+from .prefix_cache import PrefixReuse
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class RequestHandle:
 
 class Engine:
     def __init__(self, model: LoadedModel, max_batch: int = 8, max_queue: int = 64,
-                 prefill_chunk: int | None = PREFILL_CHUNK, prefix_cache_mb: float = DEFAULT_CAP_MB):
+                 prefill_chunk: int | None = PREFILL_CHUNK, prefix_cache_mb: float = PREFIX_CACHE_MB):
         if not isinstance(model, LoadedModel):
             raise TypeError(f"Engine() takes a loaded model (gptedge.runtime.load(DIR)), got {type(model).__name__}")
         max_batch, max_queue = check_int(max_batch, "max_batch", 1), check_int(max_queue, "max_queue", 0)

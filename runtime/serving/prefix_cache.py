@@ -26,11 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-BLOCK = 16  # tokens per block: small enough that a shared system prompt loses at most 15 positions
-# The default cap of `gptedge serve --prefix-cache-mb`: GPT-2 small's fp32 cache holds 72 KiB a position, so
-# 256 MiB keeps about 3,600 positions (3.5 full 1,024-token contexts; four times as many with an int8 cache),
-# a handful of system prompts and conversations, at a fraction of what the batch's own cache may take.
-DEFAULT_CAP_MB = 256
+BLOCK = 16  # tokens per block: a shared system prompt loses at most 15 positions; a block is one dict entry
 
 Block = np.ndarray  # (2 x n_layer, kv heads, BLOCK, width) in the cache's type
 
