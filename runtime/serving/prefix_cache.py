@@ -135,8 +135,9 @@ class PrefixReuse:
         self.cache.count(reused)
         if not reused:
             return None
-        blocks = self.cache.take(keys[:-(-reused // self.cache.block)])
-        return np.concatenate(blocks, axis=2)[:, :, :reused]
+        n_blocks = -(-reused // self.cache.block)  # those holding the positions: the last one may be cut short
+        prefix = np.concatenate(self.cache.take(keys[:n_blocks]), axis=2)  # (2 x n_layer, nh, n_blocks x BLOCK, w)
+        return np.ascontiguousarray(prefix[:, :, :reused])
 
     def store(self, seq: int, keys: Sequence[bytes]) -> None:
         """A prompt just prefilled (sequence `seq`, joined): its whole blocks not cached yet, read from its row."""
