@@ -6,7 +6,9 @@ decode step of the running batch, so a running row waits at most one prefill run
 many newcomers as have rows and fit the budget (k prompts padded to the longest: k x longest <=
 prefill_chunk; a burst of short prompts costs one run, not one each), or the next chunk of one
 prompt too long for the budget alone: admission.plan_prefill decides which, as plain data (no model
-needed to test it), and this module carries the plan out. Newcomers join the running batch at the step boundary; a
+needed to test it), and this module carries the plan out. A prompt that starts with whole blocks of an earlier
+one takes their keys and values from the prefix cache (prefix_cache.py; the plan counts only the positions that
+run) and the blocks it adds are stored once it is prefilled. Newcomers join the running batch at the step boundary; a
 sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes
 every joined sequence at once through the graph variant's sequence pool. Token selection, stop
 handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets
