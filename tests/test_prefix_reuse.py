@@ -151,6 +151,24 @@ def test_a_pool_prefilled_over_a_cached_prefix_holds_what_a_full_prefill_holds(m
                                full.read_kv(0, 48, 60).astype(np.float32), atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["standard", "kv_buffer", "int8"])
+def test_a_group_of_fresh_and_reused_prompts_decodes_as_each_alone(models, name):
+    """One prefill_group where the middle prompt starts from a cached prefix and the others from nothing, then
+    decode steps of all three: each row's greedy ids are its solo ones."""
+    model = models[name]
+    prompts = [_ids(30, 20), SYSTEM + _ids(31, 9), _ids(32, 5)]
+    donor = pool_for(model.variant, 1, CONTEXT)
+    drain(donor.prefill(0, SYSTEM, None))
+    pool = pool_for(model.variant, 3, CONTEXT)
+    tokens = pool.prefill_group([0, 1, 2], prompts, [None, donor.read_kv(0, 0, 32), None]).argmax(-1)
+    got = [[int(t)] for t in tokens]
+    for _ in range(NEW - 1):
+        tokens = pool.step([0, 1, 2], tokens).argmax(-1)
+        for ids, t in zip(got, tokens, strict=True):
+            ids.append(int(t))
+    assert got == [_solo(model, p) for p in prompts]
+
+
 # -- the engine --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["standard", "kv_buffer", "int8"])
 @pytest.mark.parametrize("request_set", list(REQUEST_SETS))
