@@ -84,14 +84,16 @@ def _one_after_another(engine: Engine, prompts) -> list[list[int]]:
     return out
 
 
-def _expected_saved(prompts) -> int:
+def _expected_saved(prompts, outputs) -> int:
     """The oracle of the saved-token count when prompts come one after another and nothing is evicted: each
-    prompt reuses the whole blocks it shares with an earlier prompt's whole blocks, all but its last position at
-    most. Computed from the ids, not from the cache's keys."""
+    prompt reuses the whole blocks it shares with the whole blocks an earlier request's row held (its prompt and
+    every generated token but the last), all but its last position at most. Computed from the ids, not from the
+    cache's keys."""
+    held = [list(p) + list(out[:-1]) for p, out in zip(prompts, outputs, strict=True)]
     saved = 0
     for i, p in enumerate(prompts):
         best = 0
-        for q in prompts[:i]:
+        for q in held[:i]:
             common = next((k for k, (a, b) in enumerate(zip(p, q, strict=False)) if a != b), min(len(p), len(q)))
             best = max(best, min(common, len(q)) // BLOCK * BLOCK)
         saved += min(best, len(p) - 1)
@@ -178,7 +180,7 @@ def test_greedy_outputs_are_the_same_with_and_without_reuse(models, name, reques
     try:
         got = _one_after_another(engine, prompts)
         cache = engine.prefix.cache
-        assert (cache.hits, cache.misses, cache.saved_tokens) == (len(prompts) - 1, 1, _expected_saved(prompts))
+        assert (cache.hits, cache.misses, cache.saved_tokens) == (len(prompts) - 1, 1, _expected_saved(prompts, got))
     finally:
         engine.stop(1)
     assert got == [_solo(model, p) for p in prompts]
@@ -208,6 +210,26 @@ def test_reused_prompts_decode_in_a_batch_with_unrelated_rows(models, name):
         assert c.last.generation.ids == _solo(model, p, new), p
 
 
+@pytest.mark.parametrize("name", ["standard", "kv_buffer", "int8"])
+def test_the_next_turn_of_a_conversation_reuses_the_reply(models, name):
+    """A finished request's row (its prompt and the tokens it generated, all but the last) is cached too: a next
+    prompt that sends the reply back reuses its whole blocks, and decodes its solo ids."""
+    model = models[name]
+    first = SYSTEM  # 40 positions + 23 of the 24 generated ones fed back: the row holds 63, three whole blocks (the
+    # 64th position, the last token, was never run: a cache that claimed a fourth block would hand out garbage)
+    engine = Engine(model, max_batch=2, prefill_chunk=24).start()
+    try:
+        c = Collector()
+        engine.submit(_request(first, 24), c)
+        assert c.finished()
+        reply = c.last.generation.ids
+        following = first + reply + _ids(40, 5)
+        assert _one_after_another(engine, [following]) == [_solo(model, following)]
+        assert engine.prefix.cache.saved_tokens == 3 * BLOCK  # 48 > the 32 of the prompt's own blocks
+    finally:
+        engine.stop(1)
+
+
 def test_eviction_under_a_tiny_cap_keeps_outputs_right(models):
     model = models["kv_buffer"]
     shape = model.manifest.shape
@@ -235,9 +257,10 @@ def test_metrics_lines_and_off_switches(models, monkeypatch):
                  "gptedge_prefix_cache_saved_tokens_total 32", "gptedge_prefix_cache_evictions_total 0",
                  "# TYPE gptedge_prefix_cache_bytes gauge"):
         assert line in text
-    shape = model.manifest.shape  # three blocks: the first prompt's two, the second's third
-    three = 3 * BLOCK * KV_CACHES["fp32"].bytes_per_position(shape.n_layer, shape.n_head, shape.head_dim)
-    assert f"\ngptedge_prefix_cache_bytes {three}\n" in text
+    # four blocks: the first row's three (43 prompt + 7 generated positions), the second prompt's third
+    shape = model.manifest.shape
+    four = 4 * BLOCK * KV_CACHES["fp32"].bytes_per_position(shape.n_layer, shape.n_head, shape.head_dim)
+    assert f"\ngptedge_prefix_cache_bytes {four}\n" in text
     assert Engine(model, prefix_cache_mb=0).prefix is None
     assert "prefix_cache" not in "\n".join(Engine(model, prefix_cache_mb=0).metrics.render())
     with pytest.raises(InvalidArgumentError, match="prefix_cache_mb must be a number >= 0"):

@@ -349,6 +349,9 @@ class Engine:
             self._emit_next(active, row)
             if active.state.result.stop:
                 self._running.remove(active)
+                if self.prefix is not None:  # what its row holds: the prompt and every token but the last
+                    held = active.request.prompt_ids + tuple(active.state.result.ids[:-1])
+                    self.prefix.store_finished(active.seq, held)
                 self.pool.remove(active.seq)
         self.metrics.running = len(self._running)
 

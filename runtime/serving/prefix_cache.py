@@ -8,13 +8,14 @@ every layer, one array (2 x n_layer, kv heads, BLOCK, width) in the pool's cache
 past inputs come (layer 0 key, layer 0 value, ...); an int8 or int4 cache is copied as stored (its scales are
 per channel, constant), so a block is exact whatever the cache type.
 
-The engine asks `PrefixReuse` three things: at admission, how many positions of a waiting prompt are cached
+The engine asks `PrefixReuse` four things: at admission, how many positions of a waiting prompt are cached
 (`reusable`: the longest run of cached blocks, but never the whole prompt: at least one position is prefilled,
 so the row has logits); when the prompt is admitted, those blocks (`take`: they become most recently used, and
-are counted as a hit or a miss); and once it is prefilled, its blocks not yet cached, read from the pool's row
-(`store`). Blocks are evicted least recently used first when the bytes held would pass the cap; a prefix's
-blocks are touched deepest first, so the deepest (least shared) block of a prefix goes before its parents and
-an evicted parent never strands its children for long.
+are counted as a hit or a miss); once it is prefilled, its blocks not yet cached, read from the pool's row
+(`store`); and when it ends, the blocks its generated tokens completed (`store_finished`). Blocks are evicted
+least recently used first when the bytes held would pass the cap; a prefix's blocks are touched deepest first,
+so the deepest (least shared) block of a prefix goes before its parents and an evicted parent never strands its
+children for long.
 """
 
 from __future__ import annotations
@@ -144,3 +145,9 @@ class PrefixReuse:
         have, block = self.cache.cached_blocks(keys), self.cache.block
         blocks = [self.pool.read_kv(seq, j * block, (j + 1) * block) for j in range(have, len(keys))]
         self.cache.add(keys, blocks)
+
+    def store_finished(self, seq: int, held_ids: Sequence[int]) -> None:
+        """A sequence that ended, before its row goes: the ids its cache holds (the prompt and every generated
+        token but the last, which was never fed) -> their whole blocks, so a conversation's next turn, which
+        sends the reply back, reuses it too."""
+        self.store(seq, self.keys(held_ids))
