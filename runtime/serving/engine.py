@@ -286,18 +286,18 @@ class Engine:
         together, else the next chunk of one long prompt (started here when it heads the queue)."""
         plan, group = self._admit()
         if group:
-            prefixes = self._prefixes(group)  # () when reuse is off: the pool is called as it always was
+            prefixes = self._prefixes(group)  # None when reuse is off: then the pool is called as it always was
             if not plan.chunked:
                 self._group = group
                 logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group],
-                                                 *prefixes)
+                                                 *(() if prefixes is None else (prefixes,)))
                 self._group = []
                 for active, row in zip(group, logits, strict=True):
                     self._joined(active, row)
                 return
             active = group[0]
             self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk,
-                                                          *(prefix[0] for prefix in prefixes)))
+                                                          *(() if prefixes is None else (prefixes[0],))))
         if not plan.chunked:
             return
         active, runs = self._prefilling
@@ -325,11 +325,11 @@ class Engine:
             active.status = RequestState.PREFILLING
         return plan, group
 
-    def _prefixes(self, group: list[_Active]) -> tuple[list[np.ndarray | None], ...]:
-        """(the cached prefix of each newcomer, or None,) for the pool's prefill; () when reuse is off."""
+    def _prefixes(self, group: list[_Active]) -> list[np.ndarray | None] | None:
+        """Each newcomer's cached prefix (None: it reuses nothing) for the pool's prefill; None when reuse is off."""
         if self.prefix is None:
-            return ()
-        return ([self.prefix.take(a.keys, a.reused) for a in group],)
+            return None
+        return [self.prefix.take(a.keys, a.reused) for a in group]
 
     def _joined(self, active: _Active, logits: np.ndarray) -> None:
         """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
