@@ -320,7 +320,8 @@ def test_every_option_is_tested():
     """Each command's options appear in these tests (--markdown / --plot: the real compare run in test_eval_compare; --precision: test_fp16;
     serve: the real server in test_serve and test_serve_hostile; pack: test_pack_web / test_pack_mobile; serve --web:
     test_serve_playground; verify: test_model_integrity; classify and export --task: test_classify_cli; compare --labelled:
-    test_classify_compare; quantize --keep-8bit: test_int4_mixed; serve --chat-template: test_serve_chat; quantize --scale-search / --awq: test_quantizers; --max-kl / --prefer: test_recipe_search)."""
+    test_classify_compare; quantize --keep-8bit: test_int4_mixed; serve --chat-template: test_serve_chat; quantize --scale-search / --awq: test_quantizers; --max-kl / --prefer: test_recipe_search;
+    serve --prefix-cache-mb: test_prefix_reuse)."""
     from pathlib import Path
 
     here = Path(__file__).parent
@@ -330,7 +331,8 @@ def test_every_option_is_tested():
                                                                      "test_serve_hostile.py", "test_model_integrity.py",
                                                                      "test_classify_cli.py", "test_classify_compare.py",
                                                                      "test_int4_mixed.py", "test_serve_chat.py",
-                                                                     "test_quantizers.py", "test_recipe_search.py"))
+                                                                     "test_quantizers.py", "test_recipe_search.py",
+                                                                     "test_prefix_reuse.py"))
     for name, command in main.commands.items():
         for param in command.params:
             if isinstance(param, __import__("click").Option):

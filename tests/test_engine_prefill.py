@@ -23,15 +23,15 @@ class RecordingPool:
         self.pool, self.runs, self.fail_groups = pool, [], fail_groups
         self.capacity = pool.capacity
 
-    def prefill_group(self, seqs, prompts):
+    def prefill_group(self, seqs, prompts, *prefixes):  # prefixes: with prefix reuse on (test_prefix_reuse.py)
         if self.fail_groups:
             raise RuntimeError("injected prefill failure")
         self.runs.append(("group", len(seqs), len(seqs) * max(len(p) for p in prompts)))
-        return self.pool.prefill_group(seqs, prompts)
+        return self.pool.prefill_group(seqs, prompts, *prefixes)
 
-    def prefill(self, seq, prompt_ids, chunk):
-        runs = self.pool.prefill(seq, prompt_ids, chunk)
-        done = 0
+    def prefill(self, seq, prompt_ids, chunk, *prefix):
+        runs = self.pool.prefill(seq, prompt_ids, chunk, *prefix)
+        done = prefix[0].shape[2] if prefix and prefix[0] is not None else 0
         while True:
             size = min(chunk or len(prompt_ids), len(prompt_ids) - done)
             self.runs.append(("chunk", 1, size))
@@ -54,7 +54,7 @@ def _run(model, requests, budget, max_batch=8, fail_groups=False):
     engine = Engine(model, max_batch=max_batch, max_queue=64, prefill_chunk=budget)
     engine.pool = RecordingPool(engine.pool, fail_groups)
     got = [Collector() for _ in requests]
-    for r, c in zip(requests, got):  # all queued before the engine starts: one burst
+    for r, c in zip(requests, got, strict=True):  # all queued before the engine starts: one burst
         engine.submit(r, c)
     engine.start()
     for c in got:
@@ -85,7 +85,7 @@ def test_a_burst_of_short_prompts_is_prefilled_in_runs_of_the_budget(gpt2_loaded
     assert sum(k for _, k, _ in prefills) == len(requests)  # every newcomer prefilled exactly once
     assert len(prefills) < len(requests)  # some prefilled together, not one run each
     assert all(positions <= 3 * longest for _, _, positions in prefills)
-    for r, c in zip(requests, got):  # left padding in a group changes no greedy token
+    for r, c in zip(requests, got, strict=True):  # left padding in a group changes no greedy token
         assert c.last.generation.ids == model.generate(list(r.prompt_ids), 6, greedy=True, ignore_eos=True).ids
 
 
@@ -108,7 +108,7 @@ def test_a_running_row_waits_at_most_one_budgeted_prefill_run(gpt2_kv_buffer_loa
             between += 1
             assert positions <= budget and between <= 1, runs
     assert [kind for kind, _, _ in runs].count("chunk") >= 3  # the long prompt went in budget-sized chunks
-    for r, c in zip(requests, got):
+    for r, c in zip(requests, got, strict=True):
         assert c.last.generation.ids == model.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True,
                                                        ignore_eos=True).ids
 

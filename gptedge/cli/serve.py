@@ -26,12 +26,13 @@ from pathlib import Path
 import click
 
 from gptedge import runtime
-from gptedge.runtime.generation.generation_options import PREFILL_CHUNK  # plain Python: light at --help
+from gptedge.runtime.generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB  # plain Python: light
 from gptedge.runtime.modeldir.chat_template import ChatTemplateError, render_chat
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
 from gptedge.runtime.serving.classify_batcher import ClassifyBatcher  # threading only: light at --help
 from gptedge.sample import sample_model_dir
-from gptedge.serve.options import MAX_BATCH, MAX_PREFILL_CHUNK, MAX_QUEUE, Seconds, classify_options, limit_options
+from gptedge.serve.options import (MAX_BATCH, MAX_PREFILL_CHUNK, MAX_PREFIX_CACHE_MB, MAX_QUEUE, Seconds,
+                                   classify_options, limit_options)
 from gptedge.serve.options import api_key as api_key_check
 from gptedge.serve.options import model_name as model_name_check
 
@@ -70,6 +71,10 @@ def _listen(host: str, port: int) -> socket.socket:
               help="Prompt positions (padding counted) one prefill run may take between two decode steps: "
                    "newcomers whose prompts fit are prefilled together, a longer prompt in chunks. Smaller: "
                    "running streams stall less; larger: a burst's first tokens come sooner.")
+@click.option("--prefix-cache-mb", default=PREFIX_CACHE_MB, show_default=True, type=count(0, MAX_PREFIX_CACHE_MB),
+              help="MiB of memory for the keys and values of prompt prefixes seen before: a prompt that starts with "
+                   "one (a system prompt, a conversation's history) prefills only the rest. Least recently used "
+                   "blocks go first; 0 turns reuse off.")
 @click.option("--spin/--no-spin", default=False, show_default=True,
               help="Let ONNX Runtime's threads spin-wait between runs (off: they yield the cores to the HTTP "
                    "side at once).")
@@ -93,7 +98,8 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--web", default="auto", show_default=True,
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
-def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, spin: bool, max_queue: int,
+def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, prefix_cache_mb: int,
+          spin: bool, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
           shutdown_timeout: float, web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int,
           max_examples: int, batch_wait: float, chat_template: Path | None) -> None:
@@ -114,14 +120,14 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
                                  shutdown_timeout, limits, max_rows, max_examples, batch_wait)
     template = _read_chat_template(chat_template) if chat_template is not None else None
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads, spin=spin))
-    loaded.tokenizer  # fail on a missing tokenizer before serving
+    _ = loaded.tokenizer  # fail on a missing tokenizer before serving
     context = loaded.manifest.shape.context_length
     if max_tokens_limit is not None and max_tokens_limit > context:
         raise click.BadParameter(f"{max_tokens_limit} is not in the range 1<=x<={context} (the model's context)",
                                  param_hint="'--max-tokens-limit'")
     with page.web_model(Path(model), loaded.manifest, web) as (web_dir, unavailable):  # a temporary pack: removed after
         routes = page.playground_routes(page.Playground(name, bool(api_key), web_dir, unavailable))
-        _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, max_queue,
+        _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, prefix_cache_mb, max_queue,
              max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable, limits, template)
 
 
@@ -178,21 +184,30 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
 
 
 def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, prefill_budget: int,
-         max_queue: int,
+         prefix_cache_mb: int, max_queue: int,
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
          limits, chat_template: str | None = None) -> None:
     """Listen, start the engine, and serve until a signal stops it."""
     from gptedge.runtime.serving.engine import Engine  # deferred: numpy, not needed at --help
 
     sock = _listen(host, port)
-    engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget).start()
+    engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget,
+                    prefix_cache_mb=prefix_cache_mb).start()
     state = app.ServeState(app.Generating(engine, loaded, max_tokens, chat_template), name, api_key or None,
                            limits=limits)
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     bound = sock.getsockname()
     diag(f"playground: http://{bound[0]}:{bound[1]}/ (in this browser: {unavailable or 'yes'})")
     _serve(uvicorn, app, state, sock, host, api_key, shutdown_timeout, limits, routes,
-           f"max batch {max_batch}, prefill budget {prefill_budget}, queue {max_queue}")
+           f"max batch {max_batch}, prefill budget {prefill_budget}, queue {max_queue}, "
+           f"prefix cache {_prefix_cache_words(engine, prefix_cache_mb)}")
+
+
+def _prefix_cache_words(engine, cap_mb: int) -> str:
+    """How the startup line states prefix reuse: its cap, off, or why this graph's pool has none."""
+    if engine.prefix is not None:
+        return f"{cap_mb} MiB"
+    return "off" if not cap_mb else "unavailable on this device's pool"
 
 
 def _server(uvicorn, config, state, grace_s: float):

@@ -1,5 +1,5 @@
 """How to generate, as frozen records checked field by field: SamplingParams (each token) and BeamOptions
-(beam search), and the one prefill default (PREFILL_CHUNK). No numpy: the CLI builds them from its options
+(beam search), and the prefill defaults (PREFILL_CHUNK, PREFIX_CACHE_MB). No numpy: the CLI builds them from its options
 before anything heavy is imported, and passes them whole to the runtime (LoadedModel.generate / stream, the
 engine's requests)."""
 
@@ -16,6 +16,12 @@ from ..errors import InvalidArgumentError
 # prompt on GPT-2 small (2 cores): int8 -10 %, fp32 -8 %; in the server, a burst of eight 32-token prompts in one
 # run (benchmarks/results/serve-* show what it does to first-token and inter-token latency).
 PREFILL_CHUNK = 256
+
+# MiB of keys and values the server's prefix cache keeps (runtime/serving/prefix_cache.py): the engine's default
+# and `gptedge serve --prefix-cache-mb`'s. GPT-2 small's fp32 cache takes 72 KiB a position, so 256 MiB holds
+# about 3,600 positions (3.5 full 1,024-token contexts; four times as many with an int8 cache): a handful of
+# system prompts and conversations, for less than a --max-batch 8 pool's own cache may touch (16 rows x 72 MiB).
+PREFIX_CACHE_MB = 256
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,8 @@ class SamplingParams:
                 raise InvalidArgumentError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not isinstance(self.greedy, bool):
             raise InvalidArgumentError(f"greedy must be true or false, got {self.greedy!r}")
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
             raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidArgumentError(f"top_k must be an integer >= 0, got {self.top_k!r}")

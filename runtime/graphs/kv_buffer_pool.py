@@ -13,9 +13,13 @@ only). Scratch rows cost memory only where a prompt touched them (see _without_h
 All rows share one timeline of T positions: row r's cache is the window [T - len_r, T), and the
 attention mask hides everything before it. A newcomer's prefilled window is copied from the
 scratch row to the end of the timeline (rows move right first if it is longer than T); when
-T reaches max_len, or SLACK positions at its start are needed by no row, rows move left. A finished row is replaced by the last
-row, so the prefix stays dense. Copies cost len positions x layers, e.g. 2.4 MB for a 32-token
-prompt of GPT-2 small; nothing is copied on an ordinary decode step.
+T reaches max_len, or SLACK positions at its start are needed by no row, rows move left. A finished row is
+replaced by the last row, so the prefix stays dense. Copies cost len positions x layers, e.g. 2.4 MB for a
+32-token prompt of GPT-2 small; nothing is copied on an ordinary decode step.
+
+A newcomer whose prompt starts with a cached prefix (the server's prefix cache) has those positions' keys and
+values written into the scratch row first, and runs the rest alone over them as a past (the rest of a group
+still runs together); read_kv copies a joined row's positions back out for the cache.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 
 from .. import contract as C
 from .graph_variant import GraphVariant
-from .sequence_pool import Prefill, prefill_runs
+from .sequence_pool import Prefill, drain, prefill_runs
 
 
 @contextlib.contextmanager
@@ -55,6 +59,8 @@ SLACK = 64
 
 
 class SlotPool:
+    reuses_prefixes = True  # a cached prefix is written into the scratch row, read back from a joined row
+
     def __init__(self, variant: GraphVariant, capacity: int, max_length: int):
         shape = variant.shape
         self.variant, self.capacity, self.max_length = variant, capacity, max_length
@@ -84,27 +90,33 @@ class SlotPool:
         n = rows.stop - rows.start
         logits = binding.logits[:n]
         binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
-        for past, present, buf in zip(self._names.past_names, self._names.present_names, self.kv):
+        for past, present, buf in zip(self._names.past_names, self._names.present_names, self.kv, strict=True):
             view = buf[rows]  # (n, nh, max_len, hs), contiguous: a prefix or one row
             for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
                 bind(name, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
 
     def _run(self, binding, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> np.ndarray:
         self._inputs = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in (ids, mask, pos))
-        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
+        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs, strict=True):
             binding.bind_cpu_input(name, array)
         self._session.run_with_iobinding(binding)
         return binding.logits[: ids.shape[0], -1, :].astype(np.float32)  # (n, V), a copy
 
     # -- the pool's interface ------------------------------------------------------------------------
-    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None) -> Prefill:
+    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None,
+                prefix: np.ndarray | None = None) -> Prefill:
         if len(self._rows) >= self.capacity:
             raise RuntimeError("sequence pool is full")  # the engine admits at most `capacity`
         binding = self._binding(1)
         self._bind_kv(binding, slice(self.capacity, self.capacity + 1))  # the scratch row
         ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
+        cached = 0
+        if prefix is not None:  # (2 x n_layer, nh, P, width): the first P positions, run over as a past
+            cached = prefix.shape[2]
+            for buf, kv in zip(self.kv, prefix, strict=True):
+                buf[self.capacity, :, :cached] = kv
         logits = None
-        for start, end in prefill_runs(ids.shape[1], chunk):
+        for start, end in prefill_runs(ids.shape[1], chunk, cached):
             logits = self._run(binding, ids[:, start:end], np.ones((1, end), np.int64),
                                np.arange(start, end, dtype=np.int64)[None])[0]
             if end < ids.shape[1]:
@@ -112,7 +124,10 @@ class SlotPool:
         self._join(seq, ids.shape[1])
         return logits
 
-    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]],
+                      prefixes: Sequence[np.ndarray | None] | None = None) -> np.ndarray:
+        if prefixes is not None and any(p is not None for p in prefixes):
+            return self._prefill_some_over_prefixes(seqs, prompts, prefixes)
         k = len(seqs)
         if not 1 <= k <= self.capacity - len(self._rows):
             raise RuntimeError(f"a group of {k} does not fit the pool's {self.capacity - len(self._rows)} free rows")
@@ -126,9 +141,33 @@ class SlotPool:
         binding = self._binding(k)  # made per group: a run of k x S positions dwarfs binding 2 x layers arrays
         self._bind_kv(binding, slice(self.capacity, self.capacity + k))
         logits = self._run(binding, ids, mask, pos)  # (k, V)
-        for r, (seq, prompt) in enumerate(zip(seqs, prompts)):
+        for r, (seq, prompt) in enumerate(zip(seqs, prompts, strict=True)):
             self._join(seq, len(prompt), src=self.capacity + r, src_end=longest)
         return logits
+
+    def _prefill_some_over_prefixes(self, seqs, prompts, prefixes) -> np.ndarray:
+        """A group where some prompts start from a cached prefix: those run alone over their past (CPU
+        GroupQueryAttention runs several positions over a past for batch 1 only), the others together."""
+        if len(seqs) > self.capacity - len(self._rows):
+            raise RuntimeError(f"a group of {len(seqs)} does not fit the pool's {self.capacity - len(self._rows)} "
+                               "free rows")
+        fresh = [i for i, p in enumerate(prefixes) if p is None]
+        logits: list[np.ndarray | None] = [None] * len(seqs)
+        if fresh:
+            for i, row in zip(fresh, self.prefill_group([seqs[i] for i in fresh], [prompts[i] for i in fresh]),
+                              strict=True):
+                logits[i] = row
+        for i, prefix in enumerate(prefixes):
+            if prefix is not None:
+                logits[i] = drain(self.prefill(seqs[i], prompts[i], None, prefix))
+        return np.stack(logits)
+
+    def read_kv(self, seq: int, start: int, end: int) -> np.ndarray:
+        """Keys and values of a joined sequence's positions [start, end): (2 x n_layer, nh, end - start, width),
+        a copy (the row's window moves as rows join, leave and compact)."""
+        r = self._rows.index(seq)
+        first = self._timeline - self._lengths[r]  # the row's position 0 on the shared timeline
+        return np.stack([buf[r, :, first + start:first + end] for buf in self.kv])
 
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         n = len(self._rows)
@@ -144,7 +183,7 @@ class SlotPool:
         mask = np.zeros((n, T + 1), np.int64)  # (n, T + 1): each row sees its own window and the new token
         pos = np.zeros((n, 1), np.int64)
         row_of = {seq: r for r, seq in enumerate(self._rows)}
-        for seq, tok in zip(seqs, tokens):
+        for seq, tok in zip(seqs, tokens, strict=True):
             r = row_of[seq]
             ids[r, 0], pos[r, 0] = tok, self._lengths[r]
             mask[r, T - self._lengths[r]:] = 1

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .. import contract as C
 from .graph_variant import DecodeState, GraphVariant
 
 Prefill = Generator[None, None, np.ndarray]  # one run per next(); returns last-position logits (V,)
@@ -33,6 +34,11 @@ class SequencePool(Protocol):
     def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
         """Prefill several new sequences at once and join them all -> last-position logits (k, V) float32."""
 
+    # A pool whose `reuses_prefixes` is true (the server's prefix cache, runtime/serving/prefix_cache.py) also
+    # takes `prefix` in prefill (`prefixes` in prefill_group, one or None per prompt): the keys and values of
+    # the prompt's first P positions, (2 x n_layer, kv heads, P, width), written into the sequence's cache so
+    # that only positions P.. are run; and reads them back with read_kv(seq, start, end).
+
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         """Feed one token per sequence (n,) -> next-token logits (n, V) float32, in `seqs` order."""
 
@@ -40,10 +46,10 @@ class SequencePool(Protocol):
         """Forget a sequence (finished, cancelled, or abandoned mid-prefill); its room is reused."""
 
 
-def prefill_runs(length: int, chunk: int | None) -> list[tuple[int, int]]:
-    """[(start, end)] prompt positions of each prefill run."""
-    chunk = chunk or length
-    return [(s, min(length, s + chunk)) for s in range(0, length, chunk)]
+def prefill_runs(length: int, chunk: int | None, first: int = 0) -> list[tuple[int, int]]:
+    """[(start, end)] prompt positions of each prefill run, from position `first` (those before it are cached)."""
+    chunk = chunk or length - first
+    return [(s, min(length, s + chunk)) for s in range(first, length, chunk)]
 
 
 def drain(runs: Prefill) -> np.ndarray:
@@ -61,12 +67,19 @@ class SequentialPool:
     def __init__(self, variant: GraphVariant, capacity: int, max_length: int):
         self.variant, self.capacity, self.max_length = variant, capacity, max_length
         self._states: dict[int, tuple[DecodeState, int]] = {}  # seq -> (cache, positions held)
+        # a standard graph's cache is the past it is fed (host arrays at first): a prefix is a past like any other
+        self.reuses_prefixes = variant.name == C.GRAPH_STANDARD
 
-    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None) -> Prefill:
+    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None,
+                prefix: np.ndarray | None = None) -> Prefill:
         state = self.variant.start(1, self.max_length)
         ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
+        cached = 0
+        if prefix is not None:  # (2 x n_layer, nh, P, hs): the past of the prompt's first P positions
+            state.set_past([kv[None] for kv in prefix])
+            cached = prefix.shape[2]
         logits = None
-        for start, end in prefill_runs(ids.shape[1], self.variant.prefill_chunk(1, chunk)):
+        for start, end in prefill_runs(ids.shape[1], self.variant.prefill_chunk(1, chunk), cached):
             logits = state.run(ids[:, start:end], np.ones((1, end), np.int64),
                                np.arange(start, end, dtype=np.int64)[None])[0].copy()
             if end < ids.shape[1]:
@@ -74,12 +87,15 @@ class SequentialPool:
         self._states[seq] = (state, ids.shape[1])
         return logits
 
-    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        return np.stack([drain(self.prefill(seq, prompt, None)) for seq, prompt in zip(seqs, prompts)])
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]],
+                      prefixes: Sequence[np.ndarray | None] | None = None) -> np.ndarray:
+        prefixes = prefixes or [None] * len(seqs)
+        return np.stack([drain(self.prefill(seq, prompt, None, prefix))
+                         for seq, prompt, prefix in zip(seqs, prompts, prefixes, strict=True)])
 
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         out = []
-        for seq, tok in zip(seqs, tokens):
+        for seq, tok in zip(seqs, tokens, strict=True):
             state, held = self._states[seq]
             logits = state.run(np.array([[tok]], np.int64), np.ones((1, held + 1), np.int64),
                                np.array([[held]], np.int64))
@@ -89,6 +105,10 @@ class SequentialPool:
 
     def remove(self, seq: int) -> None:
         self._states.pop(seq, None)
+
+    def read_kv(self, seq: int, start: int, end: int) -> np.ndarray:
+        """Keys and values of positions [start, end) of a joined sequence, (2 x n_layer, nh, end - start, hs)."""
+        return self._states[seq][0].read_kv(start, end)
 
 
 def pool_for(variant: GraphVariant, capacity: int, max_length: int) -> SequencePool:

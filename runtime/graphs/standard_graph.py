@@ -27,10 +27,18 @@ class StandardState:
                  C.POSITION_IDS: value(position_ids)}
         if g.keep_last is not None:
             feeds[C.LOGITS_TO_KEEP] = g.keep_last
-        for name, kv in zip(g.names.past_names, self._past):
+        for name, kv in zip(g.names.past_names, self._past, strict=True):
             feeds[name] = value(kv) if isinstance(kv, np.ndarray) else kv
         logits, *self._past = g.session.run_with_ort_values(g.output_names, feeds)
         return logits.numpy()[:, -1, :].astype(np.float32, copy=False)  # (B, V)
+
+    def set_past(self, past: Sequence[np.ndarray]) -> None:
+        """Start from a cached prefix: one (B, nh, P, hs) array per past input (the server's prefix cache)."""
+        self._past = list(past)
+
+    def read_kv(self, start: int, end: int) -> np.ndarray:
+        """Row 0's keys and values at positions [start, end): (2 x n_layer, nh, end - start, hs), a copy."""
+        return np.stack([(p if isinstance(p, np.ndarray) else p.numpy())[0, :, start:end] for p in self._past])
 
     def run_argmax(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         return self.run(input_ids, attention_mask, position_ids).argmax(-1)  # (B,) int64
@@ -58,7 +66,7 @@ class StandardGraph(GraphVariant):
 
     def forward(self, input_ids, attention_mask, position_ids, past: Sequence[np.ndarray]):
         feeds = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: attention_mask, C.POSITION_IDS: position_ids}
-        feeds.update(zip(self.names.past_names, past))
+        feeds.update(zip(self.names.past_names, past, strict=True))
         logits, *presents = self.session.run(self.output_names, feeds)
         return logits.astype(np.float32, copy=False), presents
 

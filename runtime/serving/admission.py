@@ -24,25 +24,34 @@ class PrefillPlan:
 
     admit: int = 0
     chunked: bool = False
+    reused: tuple[int, ...] = ()  # per admitted newcomer, positions taken from the prefix cache; () when none
+
+
+def _length_and_reused(item: int | tuple[int, int]) -> tuple[int, int]:
+    return (item, 0) if isinstance(item, int) else (int(item[0]), int(item[1]))
 
 
 NOTHING = PrefillPlan()
 NEXT_CHUNK = PrefillPlan(0, chunked=True)
 
 
-def plan_prefill(in_progress: bool, waiting: Iterable[int], running: int, max_batch: int,
+def plan_prefill(in_progress: bool, waiting: Iterable[int | tuple[int, int]], running: int, max_batch: int,
                  budget: int | None) -> PrefillPlan:
     """-> this turn's plan. in_progress: a long prompt's chunks are under way; waiting: the prompt lengths of
-    the queue from its head (read lazily: only as many as can be admitted); running: rows decoding now."""
+    the queue from its head, each an int or (length, positions reused from the prefix cache), read lazily (only
+    as many as can be admitted); running: rows decoding now."""
     if in_progress:
         return NEXT_CHUNK
-    admit, longest = 0, 0
-    lengths = iter(waiting)
-    while running + admit < max_batch and (length := next(lengths, None)) is not None:
-        padded = max(longest, length)
+    admit, longest, reused = 0, 0, []
+    items = iter(waiting)
+    while running + admit < max_batch and (item := next(items, None)) is not None:
+        length, cached = _length_and_reused(item)
+        padded = max(longest, length - cached)  # the positions it runs
         if admit and budget is not None and padded * (admit + 1) > budget:
             break
         admit, longest = admit + 1, padded
+        reused.append(cached)
     if not admit:
         return NOTHING
-    return PrefillPlan(admit, chunked=admit == 1 and budget is not None and longest > budget)
+    return PrefillPlan(admit, chunked=admit == 1 and budget is not None and longest > budget,
+                       reused=tuple(reused) if any(reused) else ())

@@ -6,7 +6,9 @@ decode step of the running batch, so a running row waits at most one prefill run
 many newcomers as have rows and fit the budget (k prompts padded to the longest: k x longest <=
 prefill_chunk; a burst of short prompts costs one run, not one each), or the next chunk of one
 prompt too long for the budget alone: admission.plan_prefill decides which, as plain data (no model
-needed to test it), and this module carries the plan out. Newcomers join the running batch at the step boundary; a
+needed to test it), and this module carries the plan out. A prompt that starts with whole blocks of an earlier
+one takes their keys and values from the prefix cache (prefix_cache.py; the plan counts only the positions that
+run) and the blocks it adds are stored once it is prefilled. Newcomers join the running batch at the step boundary; a
 sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes
 every joined sequence at once through the graph variant's sequence pool. Token selection, stop
 handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets
@@ -37,13 +39,14 @@ from ..generation.constraints import STOP_GRAMMAR, Constraint, MaskWorker, RowCo
 from ..generation.evaluate import log_softmax
 from ..generation.generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, STOP_STRING, Generation, SequenceState,
                                      check_prompts)
-from ..generation.generation_options import PREFILL_CHUNK
+from ..generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB
 from ..generation.sampling import SamplingParams, select_token
 from ..generation.text_stream import TextStream
 from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
 from .admission import PrefillPlan, plan_prefill
 from .metrics import EngineMetrics
+from .prefix_cache import PrefixReuse
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +132,8 @@ class _Active:
     submitted: float
     seq: int
     cancelled: threading.Event = field(default_factory=threading.Event)
+    keys: tuple[bytes, ...] = ()  # its prompt's block keys for the prefix cache (prefix_cache.py), when on
+    reused: int = 0  # prompt positions its prefill takes from the prefix cache
     pending: int = -1  # the sampled token the next step feeds
     last_token_at: float = 0.0
     status: RequestState = RequestState.WAITING
@@ -150,7 +155,7 @@ class RequestHandle:
 
 class Engine:
     def __init__(self, model: LoadedModel, max_batch: int = 8, max_queue: int = 64,
-                 prefill_chunk: int | None = PREFILL_CHUNK):
+                 prefill_chunk: int | None = PREFILL_CHUNK, prefix_cache_mb: float = PREFIX_CACHE_MB):
         if not isinstance(model, LoadedModel):
             raise TypeError(f"Engine() takes a loaded model (gptedge.runtime.load(DIR)), got {type(model).__name__}")
         max_batch, max_queue = check_int(max_batch, "max_batch", 1), check_int(max_queue, "max_queue", 0)
@@ -161,6 +166,7 @@ class Engine:
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
         self.metrics = EngineMetrics()
         self._masks = MaskWorker()  # constrained rows' next masks, computed while the step runs
+        self.prefix = self._prefix_reuse(prefix_cache_mb)  # None: every prompt is prefilled from its first token
         self._tokenizer = model.tokenizer if model.has_tokenizer else None
         self._cond = threading.Condition()
         self._waiting: deque[_Active] = deque()
@@ -171,6 +177,19 @@ class Engine:
         self._accepting = True
         self._deadline: float | None = None  # set by stop(): cancel whatever still runs then
         self._thread = threading.Thread(target=self._loop, name="gptedge-engine", daemon=True)
+
+    def _prefix_reuse(self, cap_mb: float) -> PrefixReuse | None:
+        if isinstance(cap_mb, bool) or not isinstance(cap_mb, (int, float)) or not 0 <= cap_mb < float("inf"):
+            raise InvalidArgumentError(f"prefix_cache_mb must be a number >= 0, got {cap_mb!r}")
+        if not cap_mb:
+            return None
+        if not getattr(self.pool, "reuses_prefixes", False):
+            log.info("prefix reuse is off: %s cannot start a sequence from cached keys and values",
+                     type(self.pool).__name__)
+            return None
+        reuse = PrefixReuse(self.pool, int(cap_mb * 2**20))
+        self.metrics.sources.append(reuse.cache.render)
+        return reuse
 
     # -- the caller's side (any thread) -------------------------------------------------------------------
     def start(self) -> Engine:
@@ -191,10 +210,10 @@ class Engine:
         shutting down) those already queued are cancelled before the error is raised."""
         if len(requests) != len(on_events):
             raise TypeError(f"submit_all() takes one on_event per request, got {len(on_events)} for {len(requests)}")
-        states = [self._checked(r, e) for r, e in zip(requests, on_events)]
+        states = [self._checked(r, e) for r, e in zip(requests, on_events, strict=True)]
         handles: list[RequestHandle] = []
         try:
-            for request, on_event, state in zip(requests, on_events, states):
+            for request, on_event, state in zip(requests, on_events, states, strict=True):
                 handles.append(self._queue(request, on_event, state))
         except BaseException:
             for h in handles:
@@ -219,12 +238,13 @@ class Engine:
 
     def _queue(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None],
                state: SequenceState) -> RequestHandle:
+        keys = self.prefix.keys(request.prompt_ids) if self.prefix else ()  # hashed here, off the engine thread
         with self._cond:
             if not self._accepting:
                 raise EngineStoppedError("the server is shutting down")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
-            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids))
+            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids), keys=keys)
             if request.constraint is not None:
                 active.constraint = request.constraint.start(request.stop_ids)
             self._waiting.append(active)
@@ -281,15 +301,18 @@ class Engine:
         together, else the next chunk of one long prompt (started here when it heads the queue)."""
         plan, group = self._admit()
         if group:
+            prefixes = self._prefixes(group)  # None when reuse is off: then the pool is called as it always was
             if not plan.chunked:
                 self._group = group
-                logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group])
+                logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group],
+                                                 *(() if prefixes is None else (prefixes,)))
                 self._group = []
-                for active, row in zip(group, logits):
+                for active, row in zip(group, logits, strict=True):
                     self._joined(active, row)
                 return
             active = group[0]
-            self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
+            self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk,
+                                                          *(() if prefixes is None else (prefixes[0],))))
         if not plan.chunked:
             return
         active, runs = self._prefilling
@@ -306,17 +329,27 @@ class Engine:
         if self._prefilling is not None:  # the engine thread's own state: the queue is not read, no lock needed
             return plan_prefill(True, (), len(self._running), self.max_batch, self.prefill_chunk), []
         with self._cond:
-            plan = plan_prefill(False, (len(a.request.prompt_ids) for a in self._waiting), len(self._running),
-                                self.max_batch, self.prefill_chunk)
+            waiting = ((len(a.request.prompt_ids), self.prefix.reusable(a.request.prompt_ids, a.keys))
+                       if self.prefix else len(a.request.prompt_ids) for a in self._waiting)
+            plan = plan_prefill(False, waiting, len(self._running), self.max_batch, self.prefill_chunk)
             group = [self._waiting.popleft() for _ in range(plan.admit)]
             self.metrics.queue_depth = len(self._waiting)
-        for active in group:
+        for active, reused in zip(group, plan.reused or [0] * len(group), strict=True):
+            active.reused = reused
             self.metrics.tokens_in += len(active.request.prompt_ids)
             active.status = RequestState.PREFILLING
         return plan, group
 
+    def _prefixes(self, group: list[_Active]) -> list[np.ndarray | None] | None:
+        """Each newcomer's cached prefix (None: it reuses nothing) for the pool's prefill; None when reuse is off."""
+        if self.prefix is None:
+            return None
+        return [self.prefix.take(a.keys, a.reused) for a in group]
+
     def _joined(self, active: _Active, logits: np.ndarray) -> None:
         """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
+        if self.prefix is not None:  # its blocks not cached yet, before the row can leave
+            self.prefix.store(active.seq, active.keys)
         self._emit_next(active, logits)
         if active.state.result.stop:
             self.pool.remove(active.seq)
@@ -333,10 +366,13 @@ class Engine:
         finally:
             if masks is not None:
                 masks.result()
-        for active, row in zip(list(self._running), logits):
+        for active, row in zip(list(self._running), logits, strict=True):
             self._emit_next(active, row)
             if active.state.result.stop:
                 self._running.remove(active)
+                if self.prefix is not None:  # what its row holds: the prompt and every token but the last
+                    held = active.request.prompt_ids + tuple(active.state.result.ids[:-1])
+                    self.prefix.store_finished(active.seq, held)
                 self.pool.remove(active.seq)
         self.metrics.running = len(self._running)
 

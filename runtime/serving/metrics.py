@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 # Seconds. Time to first token spans a queue wait and a prefill; between tokens, one decode step.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -26,7 +27,7 @@ class Histogram:
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
         running = 0
-        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts):
+        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
             running += count
             lines.append(f'{self.name}_bucket{{le="{bound}"}} {running}')
         return lines + [f"{self.name}_sum {self.total}", f"{self.name}_count {self.n}"]
@@ -46,6 +47,7 @@ class EngineMetrics:
                               TTFT_BUCKETS)
         self.itl = Histogram("gptedge_inter_token_latency_seconds", "Between two tokens of one request.",
                              ITL_BUCKETS)
+        self.sources: list[Callable[[], list[str]]] = []  # more lines to render (the prefix cache's), own locks
 
     def observe_token(self, seconds: float, first: bool) -> None:
         with self._lock:
@@ -72,4 +74,5 @@ class EngineMetrics:
             ]
             lines += [f'gptedge_finished_requests_total{{reason="{r}"}} {n}'
                       for r, n in sorted(self.finish_reasons.items())]
-            return lines + self.ttft.render() + self.itl.render()
+            lines += self.ttft.render() + self.itl.render()
+        return lines + [line for source in self.sources for line in source()]
