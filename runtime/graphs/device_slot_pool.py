@@ -47,6 +47,8 @@ class DeviceSlotPool:
         self._kv_row_shape = [1, *kv0.shape()[1:]]  # (1, nh, context, width)
         self._prefill_logits = np.empty((1, 1, variant.shape.vocab_size), variant.logits_dtype)
         self._inputs: tuple[np.ndarray, ...] = ()
+        self.keeps_prompt_logits = True
+        self.prompt_logits: dict[int, np.ndarray] = {}  # seq -> (L, V) float32, from a keep_all prefill
 
     # -- one slot -------------------------------------------------------------------------------------
     def _bind_slot(self, slot: int):
@@ -62,6 +64,13 @@ class DeviceSlotPool:
         binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
         return binding
 
+    def _keep_all(self, binding, positions: int) -> np.ndarray:
+        """Rebind the LM head to every position of the next run -> its logits buffer (1, positions, V)."""
+        self.variant.bind_keep(binding, 0)
+        logits = np.empty((1, positions, self.variant.shape.vocab_size), self.variant.logits_dtype)
+        binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
+        return logits
+
     def _run_slot(self, binding, ids: np.ndarray, start: int, end: int) -> np.ndarray:
         self._inputs = (np.ascontiguousarray(ids[:, start:end]), np.ones((1, end), np.int64),
                         np.arange(start, end, dtype=np.int64)[None])
@@ -75,7 +84,7 @@ class DeviceSlotPool:
         self._mask[slot, :held + 1] = 1  # a step writes this row's next position, held
 
     # -- the pool's interface ---------------------------------------------------------------------------
-    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None) -> Prefill:
+    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None, keep_all: bool = False) -> Prefill:
         if not self._free:
             raise RuntimeError("sequence pool is full")  # the engine admits at most `capacity`
         if len(prompt_ids) >= self.max_length:
@@ -84,22 +93,30 @@ class DeviceSlotPool:
         self._hold(slot, 0)
         binding = self._bind_slot(slot)
         ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
-        logits = None
+        logits, kept = None, []
         for start, end in prefill_runs(ids.shape[1], chunk):
+            every = self._keep_all(binding, end - start) if keep_all else None  # (1, end - start, V)
             logits = self._run_slot(binding, ids, start, end)
+            if every is not None:
+                kept.append(every[0].astype(np.float32))
+                logits = kept[-1][-1]
             self._hold(slot, end)
             if end < ids.shape[1]:
                 yield  # a chunk done: the engine decodes the running batch before the next one
         self._joined.add(seq)
+        if keep_all:
+            self.prompt_logits[seq] = np.concatenate(kept)  # (L, V)
         return logits
 
-    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]],
+                      keep_all: Sequence[bool] = ()) -> np.ndarray:
         """Each prompt in its own slot, one run each (slots need not be neighbours)."""
         if len(seqs) > len(self._free):
             raise RuntimeError(f"a group of {len(seqs)} does not fit the pool's {len(self._free)} free slots")
         out = []
-        for seq, prompt in zip(seqs, prompts):
-            runs = self.prefill(seq, prompt, None)
+        keep = list(keep_all) or [False] * len(seqs)
+        for seq, prompt, k in zip(seqs, prompts, keep, strict=True):
+            runs = self.prefill(seq, prompt, None, k)
             while True:
                 try:
                     next(runs)
@@ -123,6 +140,7 @@ class DeviceSlotPool:
         return self.decoder.logits.numpy()[slots, -1, :].astype(np.float32)  # (n, V) in seqs' order: only theirs converted
 
     def remove(self, seq: int) -> None:
+        self.prompt_logits.pop(seq, None)
         slot = self._slot.pop(seq, None)
         if slot is None:
             return

@@ -72,11 +72,16 @@ class SlotPool:
         self._decode = self._binding(capacity)  # its rows are rebound whenever n changes
         self._decode_rows = -1
         self._inputs: tuple[np.ndarray, ...] = ()
+        self.keeps_prompt_logits = True
+        self.prompt_logits: dict[int, np.ndarray] = {}  # seq -> (L, V) float32, from a keep_all prefill
 
-    def _binding(self, rows: int):
+    def _binding(self, rows: int, positions: int = 0):
+        """positions 0: the LM head on each row's last position, logits (rows, 1, V); else on every one of
+        `positions`, logits (rows, positions, V) (a prompt-logprobs prefill)."""
         binding = self._session.io_binding()
-        self.variant.bind_keep(binding, 1)
-        binding.logits = np.empty((rows, 1, self.variant.shape.vocab_size), self.variant.logits_dtype)  # kept alive
+        self.variant.bind_keep(binding, 0 if positions else 1)
+        binding.logits = np.empty((rows, positions or 1, self.variant.shape.vocab_size),
+                                  self.variant.logits_dtype)  # kept alive
         return binding
 
     def _bind_kv(self, binding, rows: slice) -> None:
@@ -97,22 +102,31 @@ class SlotPool:
         return binding.logits[: ids.shape[0], -1, :].astype(np.float32)  # (n, V), a copy
 
     # -- the pool's interface ------------------------------------------------------------------------
-    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None) -> Prefill:
+    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None, keep_all: bool = False) -> Prefill:
         if len(self._rows) >= self.capacity:
             raise RuntimeError("sequence pool is full")  # the engine admits at most `capacity`
+        scratch = slice(self.capacity, self.capacity + 1)  # the scratch row
         binding = self._binding(1)
-        self._bind_kv(binding, slice(self.capacity, self.capacity + 1))  # the scratch row
+        self._bind_kv(binding, scratch)
         ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
-        logits = None
+        logits, kept = None, []
         for start, end in prefill_runs(ids.shape[1], chunk):
+            if keep_all:  # a binding per run: its logits are (1, end - start, V)
+                binding = self._binding(1, end - start)
+                self._bind_kv(binding, scratch)
             logits = self._run(binding, ids[:, start:end], np.ones((1, end), np.int64),
                                np.arange(start, end, dtype=np.int64)[None])[0]
+            if keep_all:
+                kept.append(binding.logits[0].astype(np.float32))
             if end < ids.shape[1]:
                 yield  # a chunk done: the engine decodes the running batch before the next one
         self._join(seq, ids.shape[1])
+        if keep_all:
+            self.prompt_logits[seq] = np.concatenate(kept)  # (L, V)
         return logits
 
-    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]],
+                      keep_all: Sequence[bool] = ()) -> np.ndarray:
         k = len(seqs)
         if not 1 <= k <= self.capacity - len(self._rows):
             raise RuntimeError(f"a group of {k} does not fit the pool's {self.capacity - len(self._rows)} free rows")
@@ -123,11 +137,16 @@ class SlotPool:
         for r, prompt in enumerate(prompts):
             pad = longest - len(prompt)
             ids[r, pad:], mask[r, pad:], pos[r, pad:] = prompt, 1, np.arange(len(prompt))
-        binding = self._binding(k)  # made per group: a run of k x S positions dwarfs binding 2 x layers arrays
+        # made per group: a run of k x S positions dwarfs binding 2 x layers arrays. When a row asks for its
+        # prompt logits the LM head runs on every position of the group's run (k x S, padding included)
+        keep = any(keep_all)
+        binding = self._binding(k, longest if keep else 0)
         self._bind_kv(binding, slice(self.capacity, self.capacity + k))
         logits = self._run(binding, ids, mask, pos)  # (k, V)
         for r, (seq, prompt) in enumerate(zip(seqs, prompts)):
             self._join(seq, len(prompt), src=self.capacity + r, src_end=longest)
+            if keep and keep_all[r]:
+                self.prompt_logits[seq] = binding.logits[r, longest - len(prompt):].astype(np.float32)  # (L, V)
         return logits
 
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
@@ -155,6 +174,7 @@ class SlotPool:
         return logits[[row_of[s] for s in seqs]]
 
     def remove(self, seq: int) -> None:
+        self.prompt_logits.pop(seq, None)
         if seq not in self._rows:
             return  # removed mid-prefill: the scratch row is simply reused
         r, last = self._rows.index(seq), len(self._rows) - 1

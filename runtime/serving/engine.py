@@ -20,28 +20,30 @@ llama.cpp's server gives each slot one), set where it moves, and ends with a Fin
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import numpy as np
 
-from ..errors import GptEdgeError
+from ..errors import GptEdgeError, InvalidArgumentError
 from ..generation.arguments import check_bool, check_int, check_stop
 from ..generation.evaluate import log_softmax
 from ..generation.generation import STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, Generation, SequenceState, check_prompts
 from ..generation.generation_options import PREFILL_CHUNK
 from ..generation.sampling import SamplingParams, select_token
-from ..generation.text_stream import TextStream
+from ..generation.text_stream import TextStream, token_text
 from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
 from .admission import PrefillPlan, plan_prefill
 from .metrics import EngineMetrics
+from .prompt_logprobs import PromptLogprobs, prompt_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,9 @@ class CompletionRequest:
     logprobs: int = 0  # top-N alternatives reported per token (0: none; the chosen token's logprob always)
     ignore_eos: bool = False
     stop_ids: tuple[int, ...] = ()  # more tokens that end it as eos does (a chat template's end of turn)
+    # the prompt's own logprobs with this many alternatives per token (None: not computed); max_new_tokens may
+    # then be 0 (the prompt scored, nothing generated). See prompt_logprobs.py.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         """Types checked here (TypeError naming the field); ranges against the model at submit()."""
@@ -100,6 +105,8 @@ class CompletionRequest:
         object.__setattr__(self, "stop", check_stop(self.stop))
         check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
         check_bool(self.ignore_eos, "ignore_eos")
+        if self.prompt_logprobs is not None:
+            check_int(self.prompt_logprobs, "prompt_logprobs", 0, MAX_LOGPROBS)
         object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
 
 
@@ -112,6 +119,11 @@ class TokenEvent:
     finish_reason: FinishReason | None = None  # on the last event
     generation: Generation | None = None  # on the last event
     error: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # on the request's first event, when it asked for them
+    # with logprobs: the token's own text and where it starts in the request's text (TextStream.last_offset), so
+    # the text and the logprobs' tokens come from the engine's one decoding (docs/serving.md)
+    token_text: str | None = None
+    text_offset: int | None = None
 
 
 @dataclass(eq=False)
@@ -125,6 +137,7 @@ class _Active:
     pending: int = -1  # the sampled token the next step feeds
     last_token_at: float = 0.0
     status: RequestState = RequestState.WAITING
+    prompt_logprobs: PromptLogprobs | None = None  # computed at prefill, sent with the first event
 
 
 class RequestHandle:
@@ -153,6 +166,8 @@ class Engine:
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
         self.metrics = EngineMetrics()
         self._tokenizer = model.tokenizer if model.has_tokenizer else None
+        if self._tokenizer is not None:  # cached: the same ids recur
+            self._token_text = functools.lru_cache(maxsize=65536)(functools.partial(token_text, self._tokenizer))
         self._cond = threading.Condition()
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
@@ -200,7 +215,12 @@ class Engine:
         if not callable(on_event):
             raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
         m = self.model.manifest
-        check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
+        if request.prompt_logprobs is not None:
+            if not getattr(self.pool, "keeps_prompt_logits", False):
+                raise InvalidArgumentError("this model's graph and device do not compute prompt logprobs")
+            check_int(request.max_new_tokens, "max_new_tokens", 0)  # 0: score the prompt only
+        check_prompts([request.prompt_ids], max(request.max_new_tokens, 1) if request.prompt_logprobs is not None
+                      else request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
         stream = TextStream(self._tokenizer, request.stop) if self._tokenizer is not None else None
         return SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream,
                              np.random.default_rng(request.sampling.seed), list(request.prompt_ids))
@@ -268,13 +288,19 @@ class Engine:
         if group:
             if not plan.chunked:
                 self._group = group
-                logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group])
+                seqs, prompts = [a.seq for a in group], [a.request.prompt_ids for a in group]
+                keep = [a.request.prompt_logprobs is not None for a in group]
+                logits = (self.pool.prefill_group(seqs, prompts, keep) if any(keep)
+                          else self.pool.prefill_group(seqs, prompts))
                 self._group = []
                 for active, row in zip(group, logits):
                     self._joined(active, row)
                 return
             active = group[0]
-            self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
+            keep = active.request.prompt_logprobs is not None
+            runs = (self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk, True) if keep
+                    else self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk))
+            self._prefilling = (active, runs)
         if not plan.chunked:
             return
         active, runs = self._prefilling
@@ -302,6 +328,15 @@ class Engine:
 
     def _joined(self, active: _Active, logits: np.ndarray) -> None:
         """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
+        req = active.request
+        if req.prompt_logprobs is not None:
+            active.prompt_logprobs = prompt_logprobs(self.pool.prompt_logits.pop(active.seq), req.prompt_ids,
+                                                     req.prompt_logprobs)
+            if req.max_new_tokens == 0:  # the prompt scored, nothing to generate
+                self.pool.remove(active.seq)
+                self._finish(active, "", None, reason=FinishReason.LENGTH)
+                self.metrics.running = len(self._running)
+                return
         self._emit_next(active, logits)
         if active.state.result.stop:
             self.pool.remove(active.seq)
@@ -337,14 +372,19 @@ class Engine:
         first = not active.last_token_at
         self.metrics.observe_token(now - (active.submitted if first else active.last_token_at), first)
         active.last_token_at, active.pending = now, tok
+        named = {}
+        if req.logprobs and state.stream is not None:
+            named = {"token_text": self._token_text(tok), "text_offset": state.stream.last_offset}
         if state.result.stop:
-            self._finish(active, piece, tok, logprob, top)
+            self._finish(active, piece, tok, logprob, top, named=named)
         else:
-            self._deliver(active, TokenEvent(piece, tok, logprob, top))
+            self._deliver(active, TokenEvent(piece, tok, logprob, top, **named))
 
     def _deliver(self, active: _Active, event: TokenEvent) -> None:
         """Hand an event to its request's callback. A callback that raises ends its own request (cancelled at
         the next step boundary), never the batch: the others' events keep coming."""
+        if active.prompt_logprobs is not None:  # the first event carries them
+            event, active.prompt_logprobs = replace(event, prompt_logprobs=active.prompt_logprobs), None
         try:
             active.on_event(event)
         except Exception as e:  # the caller's code: anything may come out of it
@@ -354,7 +394,7 @@ class Engine:
             active.cancelled.set()
 
     def _finish(self, active: _Active, piece: str, tok: int | None, logprob=None, top=None,
-                reason: FinishReason | None = None, error: str | None = None) -> None:
+                reason: FinishReason | None = None, error: str | None = None, named: dict | None = None) -> None:
         r = active.state.result
         tail = active.state.stream.flush() if active.state.stream is not None and reason is None else ""
         if active.state.stream is not None:
@@ -362,7 +402,7 @@ class Engine:
         reason = reason or (FinishReason.LENGTH if r.stop in (STOP_MAX_NEW, STOP_CONTEXT) else FinishReason.STOP)
         active.status = RequestState.FINISHED
         self.metrics.finished(reason.value, len(r.ids))
-        self._deliver(active, TokenEvent(piece + tail, tok, logprob, top, reason, r, error))
+        self._deliver(active, TokenEvent(piece + tail, tok, logprob, top, reason, r, error, **(named or {})))
 
     def _drop_cancelled(self) -> None:
         with self._cond:
