@@ -6,10 +6,11 @@ Usage:
 CHECKPOINT: a local HF checkpoint dir (the sample model, samples/sample-model, by default). The script exports
 its fp32 model dir, starts `gptedge serve` on it, writes a local multiple-choice task from committed text
 (samples/eval/austen-novel.jsonl: a passage's first words, and its true ending among CHOICES endings, the others
-taken from the next passages; `--docs` passages, the five novels in turn), and runs that task twice with lm-eval's Python API: `local-completions` against the server
-(each choice a loglikelihood request, `echo: true` + `logprobs: 1` + `max_tokens: 1`) and `hf` on the
-checkpoint (fp32, CPU, batch size 1). It compares every request's log-likelihood and the task's metrics, and
-writes a markdown record. Offline only: HF_HUB_OFFLINE and HF_DATASETS_OFFLINE are set before lm-eval loads.
+taken from the next passages; `--docs` passages, the five novels in turn), and runs that task twice with
+lm-eval's Python API: `local-completions` against the server (each choice a loglikelihood request,
+`echo: true` + `logprobs: 1` + `max_tokens: 1`) and `hf` on the checkpoint (fp32, CPU, batch size 1). It
+compares every request's log-likelihood and the task's metrics, and writes a markdown record. Offline only:
+HF_HUB_OFFLINE and HF_DATASETS_OFFLINE are set before lm-eval loads.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def test_n_choices_sample_with_seed_plus_j(client, gpt2_kv_buffer_loaded):
     for j, text in enumerate(texts):  # choice j is what one choice with seed 7 + j gives
         assert _complete(client, prompt=PROMPT, seed=7 + j, temperature=1.0)["choices"][0]["text"] == text
     assert len(set(texts)) > 1  # a 50257-token vocabulary at temperature 1: three equal samples would be a bug
-    assert body["usage"]["completion_tokens"] == 18 and body["usage"]["prompt_tokens"] == len(gpt2_kv_buffer_loaded.encode(PROMPT))
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 18 and usage["prompt_tokens"] == len(gpt2_kv_buffer_loaded.encode(PROMPT))
 
 
 def test_best_of_returns_the_highest_cumulative_logprob(client):
