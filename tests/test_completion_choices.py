@@ -91,3 +91,47 @@ def test_returned_keeps_the_n_best_of_each_prompt_in_order():
     assert [s.seed for s in choice_sampling(params)] == [None] * 3
     seeded = parse_completion_request({"model": "m", "prompt": "a", "best_of": 3, "seed": 5}, 16)
     assert choice_sampling(seeded) == [SamplingParams(seed=s) for s in (5, 6, 7)]
+
+
+# -- chat's n ----------------------------------------------------------------------------------------------------
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+MESSAGES = [{"role": "user", "content": "Say something about Bath."}]
+
+
+@pytest.fixture(scope="module")
+def chat_client(gpt2_kv_buffer_loaded):
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from gptedge.serve.app import ServeState, create_app
+    from gptedge.serve.routes import Generating
+
+    engine = Engine(gpt2_kv_buffer_loaded, max_batch=4, max_queue=32, prefill_chunk=64).start()
+    state = ServeState(Generating(engine, gpt2_kv_buffer_loaded, 64, chat_template=TEMPLATE), "tiny")
+    with TestClient(create_app(state), raise_server_exceptions=False) as c:
+        yield c
+    engine.stop(grace_s=1)
+
+
+def _chat(client, **body) -> dict:
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 5,
+                                                  "ignore_eos": True, "temperature": 1.0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_chat_n_choices_sample_with_seed_plus_j(chat_client):
+    body = _chat(chat_client, n=3, seed=21, logprobs=True)
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    for j, c in enumerate(body["choices"]):
+        alone = _chat(chat_client, seed=21 + j, logprobs=True)["choices"][0]
+        assert c["message"] == alone["message"] and c["logprobs"] == alone["logprobs"]
+    assert len({c["message"]["content"] for c in body["choices"]}) > 1
+    assert body["usage"]["completion_tokens"] == 15
+    with chat_client.stream("POST", "/v1/chat/completions", json={
+            "model": "tiny", "messages": MESSAGES, "max_tokens": 5, "ignore_eos": True, "seed": 21, "n": 3,
+            "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = ["".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"][0]["index"] == j)
+                for j in range(3)]
+    assert streamed == [c["message"]["content"] for c in body["choices"]]

@@ -35,7 +35,7 @@ from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineSto
 from .chat_app import ChatRoute
 from .classify_app import ClassifyApi
 from .classify_schema import generation_card
-from .completion_choices import ChoiceState, choice_sampling, returned
+from .completion_choices import ChoiceState, choice_sampling, returned, seeded
 from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
@@ -165,10 +165,11 @@ class Api(Routes):
                              for p in ids for sampling in choice_sampling(params)])
 
     def submit_ids(self, ids: list[int], max_tokens: int, sampling, stop: tuple[str, ...], logprobs: int | None,
-                   ignore_eos: bool, stop_ids: tuple[int, ...] = ()) -> Job:
-        """One prompt's engine request (the chat route's)."""
-        return self._submit([CompletionRequest(tuple(ids), max_tokens, sampling, stop, _engine_logprobs(logprobs),
-                                               ignore_eos, stop_ids)], "messages", "conversation")
+                   ignore_eos: bool, stop_ids: tuple[int, ...] = (), n: int = 1) -> Job:
+        """One prompt's engine requests, one per choice (the chat route's)."""
+        return self._submit([CompletionRequest(tuple(ids), max_tokens, choice, stop, _engine_logprobs(logprobs),
+                                               ignore_eos, stop_ids) for choice in seeded(sampling, n)],
+                            "messages", "conversation")
 
     failure = staticmethod(lambda event: _failure(event))
     dumps = staticmethod(lambda obj: _dumps(obj))

@@ -73,11 +73,15 @@ def _extend(block: Logprobs, more: Logprobs) -> None:
         getattr(block, name).extend(getattr(more, name))
 
 
+def seeded(sampling: SamplingParams, count: int) -> list[SamplingParams]:
+    """count choices' sampling: with a seed, choice j samples from seed + j (the same seed would make them one
+    choice repeated); without, each its own fresh generator. Chat's n uses it too."""
+    return [sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + j) for j in range(count)]
+
+
 def choice_sampling(params: CompletionParams) -> list[SamplingParams]:
-    """Each of a prompt's best_of choices' sampling: with a seed, choice j samples from seed + j (the same seed
-    would make them one choice repeated); without, each its own fresh generator."""
-    s = params.sampling
-    return [s if s.seed is None else replace(s, seed=s.seed + j) for j in range(params.best_of)]
+    """Each of a prompt's best_of choices' sampling (seeded)."""
+    return seeded(params.sampling, params.best_of)
 
 
 def returned(params: CompletionParams, states: list[ChoiceState]) -> list[ChoiceState]:
