@@ -218,3 +218,33 @@ def test_a_batch_of_prompts_with_echo_and_logprobs(client, gpt2_kv_buffer_loaded
         expected = reference_logprobs(reference, ids)
         got = np.array(choice["logprobs"]["token_logprobs"][1:len(ids)])
         assert np.all(np.abs(got - expected[np.arange(len(ids) - 1), ids[1:]]) < TOLERANCE)
+
+
+def test_every_pool_keeps_each_prompt_positions_logits(gpt2_loaded, gpt2_kv_buffer_loaded, reference):
+    """SequentialPool (standard graph), SlotPool and the GPU's DeviceSlotPool (here on the CPU): a chunked
+    prefill and a padded group keep (L, V) logits equal to the reference's, for the rows that ask only."""
+    from gptedge.runtime import load
+    from gptedge.runtime.graphs.cuda_graph import GraphDecoder
+    from gptedge.runtime.graphs.device_slot_pool import DeviceSlotPool
+    from gptedge.runtime.graphs.kv_buffer_pool import SlotPool
+    from gptedge.runtime.graphs.sequence_pool import SequentialPool, drain
+
+    kvb = load(gpt2_kv_buffer_loaded.model_dir, device="cpu")
+    context = kvb.manifest.shape.context_length
+    pools = [SequentialPool(gpt2_loaded.variant, 4, context), SlotPool(kvb.variant, 4, context),
+             DeviceSlotPool(kvb.variant, 4, context, GraphDecoder(kvb.variant, 4, kvb.session))]
+    long, short = gpt2_loaded.encode(TEXTS[3]), gpt2_loaded.encode(TEXTS[1])
+    want = {len(p): reference_logprobs(reference, p) for p in (long, short)}
+    for pool in pools:
+        assert pool.keeps_prompt_logits
+        last = drain(pool.prefill(1, long, 4, True))  # chunks of 4 positions
+        pool.prefill_group([2, 3], [short, long], [True, False])
+        assert set(pool.prompt_logits) == {1, 2}, type(pool).__name__
+        for seq, ids in ((1, long), (2, short)):
+            kept = pool.prompt_logits.pop(seq)
+            assert kept.shape == (len(ids), kvb.manifest.shape.vocab_size) and kept.dtype == np.float32
+            logp = kept.astype(np.float64) - np.log(np.exp(kept.astype(np.float64)).sum(-1, keepdims=True))
+            assert np.abs(logp - want[len(ids)]).max() < TOLERANCE, type(pool).__name__
+            if seq == 1:  # the ordinary return value is the last position's, as without keep_all
+                assert np.array_equal(last, kept[-1])
+        pool.remove(3)

@@ -51,7 +51,7 @@ class DeviceSlotPool:
         self.prompt_logits: dict[int, np.ndarray] = {}  # seq -> (L, V) float32, from a keep_all prefill
 
     # -- one slot -------------------------------------------------------------------------------------
-    def _bind_slot(self, slot: int):
+    def _bind_slot(self, slot: int, keep: int = 1):
         """A binding of the ordinary session over one row of every cache (device addresses), logits to the host."""
         binding = self.variant.session.io_binding()
         device = self.variant.kv_device
@@ -59,17 +59,18 @@ class DeviceSlotPool:
             address = buf.data_ptr() + slot * self._row_bytes
             for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
                 bind(name, device, 0, self.variant.kv_dtype, self._kv_row_shape, address)
-        self.variant.bind_keep(binding, 1)
+        self.variant.bind_keep(binding, keep)  # 0 (every position) only on a fresh binding: 0 may be left unbound
         logits = self._prefill_logits
         binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
         return binding
 
-    def _keep_all(self, binding, positions: int) -> np.ndarray:
-        """Rebind the LM head to every position of the next run -> its logits buffer (1, positions, V)."""
-        self.variant.bind_keep(binding, 0)
+    def _keep_all(self, slot: int, positions: int):
+        """A binding of the slot with the LM head on every position of a run -> (binding, its logits buffer
+        (1, positions, V))."""
+        binding = self._bind_slot(slot, 0)
         logits = np.empty((1, positions, self.variant.shape.vocab_size), self.variant.logits_dtype)
         binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
-        return logits
+        return binding, logits
 
     def _run_slot(self, binding, ids: np.ndarray, start: int, end: int) -> np.ndarray:
         self._inputs = (np.ascontiguousarray(ids[:, start:end]), np.ones((1, end), np.int64),
@@ -95,8 +96,9 @@ class DeviceSlotPool:
         ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
         logits, kept = None, []
         for start, end in prefill_runs(ids.shape[1], chunk):
-            every = self._keep_all(binding, end - start) if keep_all else None  # (1, end - start, V)
-            logits = self._run_slot(binding, ids, start, end)
+            # keep_all: a binding of this run's own, its logits `every` (1, end - start, V)
+            run, every = self._keep_all(slot, end - start) if keep_all else (binding, None)
+            logits = self._run_slot(run, ids, start, end)
             if every is not None:
                 kept.append(every[0].astype(np.float32))
                 logits = kept[-1][-1]
