@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from gptedge.runtime.generation.sampling import SamplingParams
@@ -135,3 +137,25 @@ def test_chat_n_choices_sample_with_seed_plus_j(chat_client):
     streamed = ["".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"][0]["index"] == j)
                 for j in range(3)]
     assert streamed == [c["message"]["content"] for c in body["choices"]]
+
+
+# -- n copies of one prompt share its prefill run ----------------------------------------------------------------
+def test_identical_prompts_of_a_group_run_once_in_the_slot_pool(gpt2_kv_buffer_loaded):
+    from gptedge.runtime import load
+    from gptedge.runtime.graphs.kv_buffer_pool import SlotPool
+    from gptedge.runtime.graphs.sequence_pool import drain
+
+    model = load(gpt2_kv_buffer_loaded.model_dir, device="cpu")
+    context = model.manifest.shape.context_length
+    p, q = model.encode(PROMPT), model.encode("Hello world")
+    shared, alone = SlotPool(model.variant, 4, context), SlotPool(model.variant, 4, context)
+    rows = []
+    run = shared._run
+    shared._run = lambda binding, ids, mask, pos: rows.append(ids.shape[0]) or run(binding, ids, mask, pos)
+    first = shared.prefill_group([1, 2, 3], [p, p, q], [False, True, True])
+    assert rows == [2]  # the two copies of p are one row of the run
+    want = np.stack([drain(alone.prefill(s, ids, None)) for s, ids in ((1, p), (2, p), (3, q))])
+    assert np.allclose(first, want, atol=1e-5) and set(shared.prompt_logits) == {2, 3}
+    for token in (11, 13, 17):  # each copy decodes from its own row: the same token gives the same logits
+        got, expect = shared.step([1, 2, 3], np.array([token] * 3)), alone.step([1, 2, 3], np.array([token] * 3))
+        assert np.allclose(got, expect, atol=1e-5) and np.array_equal(got[0], got[1])

@@ -130,24 +130,29 @@ class SlotPool:
         k = len(seqs)
         if not 1 <= k <= self.capacity - len(self._rows):
             raise RuntimeError(f"a group of {k} does not fit the pool's {self.capacity - len(self._rows)} free rows")
-        longest = max(len(p) for p in prompts)
-        ids = np.zeros((k, longest), np.int64)  # (k, S), each prompt at the right end of its row
-        mask = np.zeros((k, longest), np.int64)
-        pos = np.zeros((k, longest), np.int64)
-        for r, prompt in enumerate(prompts):
+        # identical prompts (a request's n / best_of choices) run once: each one's window is copied from the
+        # scratch row of its first copy. source[i]: the run's row of prompts[i]; u unique prompts in order
+        first: dict[tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        unique = list(first)
+        u, longest = len(unique), max(len(p) for p in unique)
+        ids = np.zeros((u, longest), np.int64)  # (u, S), each prompt at the right end of its row
+        mask = np.zeros((u, longest), np.int64)
+        pos = np.zeros((u, longest), np.int64)
+        for r, prompt in enumerate(unique):
             pad = longest - len(prompt)
             ids[r, pad:], mask[r, pad:], pos[r, pad:] = prompt, 1, np.arange(len(prompt))
-        # made per group: a run of k x S positions dwarfs binding 2 x layers arrays. When a row asks for its
-        # prompt logits the LM head runs on every position of the group's run (k x S, padding included)
+        # made per group: a run of u x S positions dwarfs binding 2 x layers arrays. When a row asks for its
+        # prompt logits the LM head runs on every position of the group's run (u x S, padding included)
         keep = any(keep_all)
-        binding = self._binding(k, longest if keep else 0)
-        self._bind_kv(binding, slice(self.capacity, self.capacity + k))
-        logits = self._run(binding, ids, mask, pos)  # (k, V)
-        for r, (seq, prompt) in enumerate(zip(seqs, prompts)):
+        binding = self._binding(u, longest if keep else 0)
+        self._bind_kv(binding, slice(self.capacity, self.capacity + u))
+        logits = self._run(binding, ids, mask, pos)  # (u, V)
+        for i, (seq, prompt, r) in enumerate(zip(seqs, prompts, source, strict=True)):
             self._join(seq, len(prompt), src=self.capacity + r, src_end=longest)
-            if keep and keep_all[r]:
+            if keep and keep_all[i]:
                 self.prompt_logits[seq] = binding.logits[r, longest - len(prompt):].astype(np.float32)  # (L, V)
-        return logits
+        return logits[source]  # (k, V)
 
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         n = len(self._rows)
