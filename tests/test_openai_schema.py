@@ -53,7 +53,7 @@ BAD = [  # (body fields, the parameter the 400 names, words its message has)
     ({"logprobs": -1}, "logprobs", f"logprobs must be an integer 0..{MAX_LOGPROBS}"),
     ({"logprobs": MAX_LOGPROBS + 1}, "logprobs", None),
     ({"logprobs": True}, "logprobs", None),
-    ({"echo": 1}, "echo", "echo must be true or false"), 
+    ({"echo": 1}, "echo", "echo must be true or false"),
     ({"stop": ""}, "stop", f"stop must be a non-empty string or a list of at most {MAX_STOP} of them"),
     ({"stop": 3}, "stop", None), ({"stop": ["a", ""]}, "stop", None),
     ({"stop": ["a", 1]}, "stop", None), ({"stop": ["s"] * (MAX_STOP + 1)}, "stop", None),

@@ -248,3 +248,14 @@ def test_every_pool_keeps_each_prompt_positions_logits(gpt2_loaded, gpt2_kv_buff
             if seq == 1:  # the ordinary return value is the last position's, as without keep_all
                 assert np.array_equal(last, kept[-1])
         pool.remove(3)
+
+
+def test_the_schema_asks_the_engine_for_prompt_logprobs_only_with_echo():
+    from gptedge.serve.openai_schema import parse_completion_request
+
+    def parsed(**fields):
+        return parse_completion_request({"model": "m", "prompt": "Hi", **fields}, 16)
+    assert parsed(echo=True, logprobs=3).prompt_logprobs == 3
+    assert parsed(echo=True, logprobs=0, max_tokens=0).prompt_logprobs == 0
+    assert parsed(echo=True, max_tokens=0).prompt_logprobs == 0  # the echo alone: the prompt still runs once
+    assert parsed(logprobs=3).prompt_logprobs is None and parsed(echo=True).prompt_logprobs is None
