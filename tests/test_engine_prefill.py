@@ -23,15 +23,16 @@ class RecordingPool:
         self.pool, self.runs, self.fail_groups = pool, [], fail_groups
         self.capacity = pool.capacity
 
-    def prefill_group(self, seqs, prompts, *prefixes):  # prefixes: with prefix reuse on (test_prefix_reuse.py)
+    def prefill_group(self, seqs, prompts, **options):  # prefixes (prefix reuse on), keep_all (prompt logprobs)
         if self.fail_groups:
             raise RuntimeError("injected prefill failure")
         self.runs.append(("group", len(seqs), len(seqs) * max(len(p) for p in prompts)))
-        return self.pool.prefill_group(seqs, prompts, *prefixes)
+        return self.pool.prefill_group(seqs, prompts, **options)
 
-    def prefill(self, seq, prompt_ids, chunk, *prefix):
-        runs = self.pool.prefill(seq, prompt_ids, chunk, *prefix)
-        done = prefix[0].shape[2] if prefix and prefix[0] is not None else 0
+    def prefill(self, seq, prompt_ids, chunk, **options):
+        runs = self.pool.prefill(seq, prompt_ids, chunk, **options)
+        prefix = options.get("prefix")
+        done = prefix.shape[2] if prefix is not None else 0
         while True:
             size = min(chunk or len(prompt_ids), len(prompt_ids) - done)
             self.runs.append(("chunk", 1, size))

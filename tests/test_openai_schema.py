@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gptedge.serve.openai_schema import (DEFAULT_MAX_TOKENS, MAX_LOGPROBS, MAX_STOP, ApiError, Completion,
-                                         CompletionParams, Logprobs, choice, error_body, model_card,
+from gptedge.serve.openai_schema import (DEFAULT_MAX_TOKENS, MAX_CHOICES, MAX_LOGPROBS, MAX_STOP, ApiError,
+                                         Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                                          parse_completion_request, usage)
 
 LIMIT = 100
@@ -23,7 +23,8 @@ BAD = [  # (body fields, the parameter the 400 names, words its message has)
     ({"prompt": []}, "prompt", "prompt must be"), ({"prompt": [[]]}, "prompt", None),
     ({"prompt": [1, "a"]}, "prompt", None), ({"prompt": [True, 2]}, "prompt", None), ({"prompt": [[1], []]}, "prompt", None),
     ({"prompt": [[1], [True]]}, "prompt", None), ({"prompt": 7}, "prompt", None), ({"prompt": [1.0]}, "prompt", None),
-    ({"max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1, got 0"),
+    ({"max_tokens": 0}, "max_tokens", "max_tokens 0 needs echo: true"),
+    ({"max_tokens": -1}, "max_tokens", "max_tokens must be an integer >= 0, got -1"),
     ({"max_tokens": LIMIT + 1}, "max_tokens", f"this server allows at most {LIMIT}"),
     ({"max_tokens": 2.0}, "max_tokens", None), ({"max_tokens": True}, "max_tokens", None),
     ({"temperature": -0.01}, "temperature", "temperature must be a number >= 0"), ({"temperature": "1"}, "temperature", None),
@@ -34,8 +35,11 @@ BAD = [  # (body fields, the parameter the 400 names, words its message has)
     ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty must be a number > 0 (1: off)"),
     ({"repetition_penalty": -1}, "repetition_penalty", None),
     ({"seed": -1}, "seed", "seed must be an integer >= 0"), ({"seed": 1.5}, "seed", None), ({"seed": False}, "seed", None),
-    ({"n": 2}, "n", "n must be 1"), ({"n": 0}, "n", None), ({"n": True}, "n", None), ({"n": 1.0}, "n", None),
-    ({"best_of": 2}, "best_of", "best_of must be 1"),
+    ({"n": MAX_CHOICES + 1}, "n", f"n must be an integer 1..{MAX_CHOICES}"), ({"n": 0}, "n", None),
+    ({"n": True}, "n", None), ({"n": 1.0}, "n", None),
+    ({"n": 3, "best_of": 2}, "best_of", f"best_of must be an integer n..{MAX_CHOICES} (n is 3)"),
+    ({"best_of": MAX_CHOICES + 1}, "best_of", None),
+    ({"best_of": 2, "stream": True}, "best_of", "best_of 2 > n 1 cannot stream"),
     ({"presence_penalty": 0.5}, "presence_penalty", "presence_penalty must be 0"),
     ({"frequency_penalty": -1}, "frequency_penalty", None),
     ({"frequency_penalty": "0"}, "frequency_penalty", None),
@@ -49,7 +53,7 @@ BAD = [  # (body fields, the parameter the 400 names, words its message has)
     ({"logprobs": -1}, "logprobs", f"logprobs must be an integer 0..{MAX_LOGPROBS}"),
     ({"logprobs": MAX_LOGPROBS + 1}, "logprobs", None),
     ({"logprobs": True}, "logprobs", None),
-    ({"echo": 1}, "echo", "echo must be true or false"), ({"echo": True, "logprobs": 0}, "echo", "echo with logprobs"),
+    ({"echo": 1}, "echo", "echo must be true or false"),
     ({"stop": ""}, "stop", f"stop must be a non-empty string or a list of at most {MAX_STOP} of them"),
     ({"stop": 3}, "stop", None), ({"stop": ["a", ""]}, "stop", None),
     ({"stop": ["a", 1]}, "stop", None), ({"stop": ["s"] * (MAX_STOP + 1)}, "stop", None),

@@ -97,7 +97,7 @@ def test_logprobs_are_the_chosen_tokens(server):
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "messages"),
     ({"messages": [{"content": "no role"}]}, "messages"),
-    ({"messages": MESSAGES, "n": 2}, "n"),
+    ({"messages": MESSAGES, "n": 17}, "n"),
     ({"messages": MESSAGES, "response_format": {"type": "yaml"}}, "response_format"),
     ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools"),
     ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),

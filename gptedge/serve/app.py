@@ -18,7 +18,6 @@ import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -28,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
+from gptedge.runtime.generation.text_stream import token_offsets
 from gptedge.runtime.modeldir.chat_template import find_chat_template, special_tokens
 from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason,
                                             QueueFullError, TokenEvent)
@@ -35,6 +35,7 @@ from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineSto
 from .chat_app import ChatRoute
 from .classify_app import ClassifyApi
 from .classify_schema import generation_card
+from .completion_choices import ChoiceState, choice_sampling, returned, seeded
 from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
@@ -91,35 +92,10 @@ class Job:
             yield item
 
 
-@dataclass
-class ChoiceState:
-    """What one choice has gathered so far."""
-
-    echo: str  # the prompt's text when echo is on, else ""
-    logprobs: Logprobs | None
-    text: str = ""
-    finish_reason: FinishReason | None = None
-    completion_tokens: int = 0
-
-    def take(self, event: TokenEvent, token_text, top_n: int | None) -> Logprobs | None:
-        """Add one event -> the logprobs entry it adds (None when logprobs are off or it has no token)."""
-        entry = None
-        if self.logprobs is not None and event.token_id is not None:
-            entry = Logprobs()
-            top = {token_text(t): lp for t, lp in list((event.top_logprobs or {}).items())[:top_n]}
-            entry.add(token_text(event.token_id), event.logprob, top, len(self.echo) + len(self.text))
-            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-                getattr(self.logprobs, name).extend(getattr(entry, name))
-        self.text += event.text
-        if event.finish_reason is not None:
-            self.finish_reason = event.finish_reason
-            self.completion_tokens = len(event.generation.ids) if event.generation is not None else 0
-        return entry
-
-
-def _engine_logprobs(top: int | None) -> int:
-    """The engine's logprobs count for an API's top-N (None: off): it reports logprobs with N >= 1."""
-    return 0 if top is None else max(top, 1)
+def _engine_logprobs(top: int | None, ranked: bool = False) -> int:
+    """The engine's logprobs count for an API's top-N (None: off): it reports logprobs with N >= 1; `ranked`
+    (best_of > n) needs every token's logprob too."""
+    return 0 if top is None and not ranked else max(top or 0, 1)
 
 
 def _failure(event: TokenEvent) -> ApiError | None:
@@ -176,21 +152,28 @@ class Api(Routes):
         """Each prompt's ids: tokenizer work, run off the event loop. The engine checks them (submit)."""
         return [self.model.encode_prompt(p) if isinstance(p, str) else list(p) for p in params.prompts]
 
-    def echoes(self, params: CompletionParams, ids: list[list[int]]) -> list[str]:
-        """Each prompt's echoed text ('' without echo): tokenizer work too, off the event loop, once the engine has
-        checked the ids."""
-        return [self.model.decode(p) if params.echo else "" for p in ids]
+    def echoes(self, params: CompletionParams, ids: list[list[int]]) -> list[tuple[str, list[int] | None]]:
+        """Each prompt's echoed text ('' without echo) and, with echo and logprobs, its tokens' offsets in it:
+        tokenizer work too, off the event loop, once the engine has checked the ids."""
+        scored = params.echo and params.logprobs is not None
+        return [(self.model.decode(p) if params.echo else "",
+                 token_offsets(self.model.tokenizer, p) if scored else None) for p in ids]
 
     def submit(self, params: CompletionParams, ids: list[list[int]], constraint=None) -> Job:
-        return self._submit([CompletionRequest(tuple(p), params.max_tokens, params.sampling, params.stop,
-                                               _engine_logprobs(params.logprobs), params.ignore_eos,
-                                               constraint=constraint) for p in ids])
+        """best_of engine requests per prompt, prompt-major (completion_choices.py); each choice's row gets its
+        own matcher of the one compiled constraint."""
+        logprobs = _engine_logprobs(params.logprobs, params.best_of > params.n)
+        return self._submit([CompletionRequest(tuple(p), params.max_tokens, sampling, params.stop, logprobs,
+                                               params.ignore_eos, constraint=constraint,
+                                               prompt_logprobs=params.prompt_logprobs)
+                             for p in ids for sampling in choice_sampling(params)])
 
     def submit_ids(self, ids: list[int], max_tokens: int, sampling, stop: tuple[str, ...], logprobs: int | None,
-                   ignore_eos: bool, stop_ids: tuple[int, ...] = (), constraint=None) -> Job:
-        """One prompt's engine request (the chat route's)."""
-        return self._submit([CompletionRequest(tuple(ids), max_tokens, sampling, stop, _engine_logprobs(logprobs),
-                                               ignore_eos, stop_ids, constraint)], "messages", "conversation")
+                   ignore_eos: bool, stop_ids: tuple[int, ...] = (), n: int = 1, constraint=None) -> Job:
+        """One prompt's engine requests, one per choice (the chat route's)."""
+        return self._submit([CompletionRequest(tuple(ids), max_tokens, choice, stop, _engine_logprobs(logprobs),
+                                               ignore_eos, stop_ids, constraint=constraint)
+                             for choice in seeded(sampling, n)], "messages", "conversation")
 
     failure = staticmethod(lambda event: _failure(event))
     dumps = staticmethod(lambda obj: _dumps(obj))
@@ -236,7 +219,8 @@ class Api(Routes):
         except BaseException:  # the client left while the echo decoded: nobody reads this job
             job.cancel()
             raise
-        choices = [ChoiceState(echo, Logprobs() if params.logprobs is not None else None) for echo in echoes]
+        choices = [ChoiceState(echo, Logprobs() if params.logprobs is not None else None, offsets)
+                   for echo, offsets in echoes for _ in range(params.best_of)]
         out = Completion(self.state.name)
         if params.stream:
             return EventStream(job, functools.partial(self.stream_chunks, job, params, choices, out, ids))
@@ -252,19 +236,22 @@ class Api(Routes):
             gone.cancel()
             job.cancel()
         return JSONResponse(out.response(
-            [choice(i, c.echo + c.text, c.finish_reason, c.logprobs) for i, c in enumerate(choices)],
+            [choice(i, c.echo + c.text, c.finish_reason, c.logprobs) for i, c in enumerate(returned(params, choices))],
             sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
 
     async def stream_chunks(self, job: Job, params: CompletionParams, choices: list[ChoiceState], out: Completion,
                             ids: list[list[int]], gone) -> AsyncIterator[str]:
+        """Streams only when best_of == n: choice i is engine request i."""
         for i, c in enumerate(choices):
-            if c.echo:
+            if c.echo and c.prompt_offsets is None:  # an echo with logprobs waits for them (its first event)
                 yield _dumps(out.chunk(i, c.echo))
         async for i, event in job.events(gone):
             if (failure := _failure(event)) is not None:
                 yield _dumps(failure.body())  # the openai client raises APIError on it
                 return
-            entry = choices[i].take(event, self.token_text, params.logprobs)
+            prompt, entry = choices[i].take(event, self.token_text, params.logprobs)
+            if prompt is not None:
+                yield _dumps(out.chunk(i, choices[i].echo, None, prompt))
             if event.text or entry is not None or event.finish_reason is not None:
                 yield _dumps(out.chunk(i, event.text, event.finish_reason, entry))
         if params.include_usage:

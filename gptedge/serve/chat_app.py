@@ -64,28 +64,30 @@ class ChatRoute:
         ids = await run_in_threadpool(self.prompt_ids, params)
         constraint = await run_in_threadpool(api.constraints.compile, asked) if asked else None
         job = api.submit_ids(ids, params.max_tokens, params.sampling, params.stop, params.top_logprobs,
-                             params.ignore_eos, self.stop_ids, constraint)
+                             params.ignore_eos, self.stop_ids, params.n, constraint)
         out = ChatCompletion(state.name)
         if params.stream:
             return api.event_stream(job, functools.partial(self.stream_chunks, job, params, out, len(ids)))
         gone = asyncio.ensure_future(_wait_disconnect(request.receive))
-        text, finish, entries, produced = "", None, [] if params.top_logprobs is not None else None, 0
+        texts, finish = [""] * params.n, [None] * params.n
+        entries = [[] if params.top_logprobs is not None else None for _ in range(params.n)]
+        produced = 0
         try:
-            async for _, event in job.events(gone):
+            async for i, event in job.events(gone):
                 if (failure := api.failure(event)) is not None:
                     raise failure
-                text += event.text
-                if entries is not None and event.token_id is not None:
-                    entries.append(self._logprob(event, params.top_logprobs))
+                texts[i] += event.text
+                if entries[i] is not None and event.token_id is not None:
+                    entries[i].append(self._logprob(event, params.top_logprobs))
                 if event.finish_reason is not None:
-                    finish = event.finish_reason
-                    produced = len(event.generation.ids) if event.generation is not None else 0
+                    finish[i] = str(event.finish_reason)
+                    produced += len(event.generation.ids) if event.generation is not None else 0
         except ClientGone:
             return Response(status_code=499)
         finally:
             gone.cancel()
             job.cancel()
-        return JSONResponse(out.response(text, str(finish), entries, len(ids), produced))
+        return JSONResponse(out.response_n(list(zip(texts, finish, entries, strict=True)), len(ids), produced))
 
     def _logprob(self, event, top_n: int) -> dict:
         name = self.api.token_text
@@ -95,9 +97,10 @@ class ChatRoute:
     async def stream_chunks(self, job, params: ChatParams, out: ChatCompletion, prompt_tokens: int,
                             gone) -> AsyncIterator[str]:
         _dumps = self.api.dumps
-        yield _dumps(out.chunk({"role": "assistant", "content": ""}))
+        for i in range(params.n):
+            yield _dumps(out.chunk({"role": "assistant", "content": ""}, index=i))
         produced = 0
-        async for _, event in job.events(gone):
+        async for i, event in job.events(gone):
             if (failure := self.api.failure(event)) is not None:
                 yield _dumps(failure.body())
                 return
@@ -105,10 +108,10 @@ class ChatRoute:
             if params.top_logprobs is not None and event.token_id is not None:
                 entry = [self._logprob(event, params.top_logprobs)]
             if event.text or entry is not None:
-                yield _dumps(out.chunk({"content": event.text}, None, entry))
+                yield _dumps(out.chunk({"content": event.text}, None, entry, index=i))
             if event.finish_reason is not None:
-                produced = len(event.generation.ids) if event.generation is not None else 0
-                yield _dumps(out.chunk({}, str(event.finish_reason)))
+                produced += len(event.generation.ids) if event.generation is not None else 0
+                yield _dumps(out.chunk({}, str(event.finish_reason), index=i))
         if params.include_usage:
             yield _dumps(out.usage_chunk(prompt_tokens, produced))
         yield "[DONE]"

@@ -3,8 +3,8 @@
 Shapes follow https://platform.openai.com/docs/api-reference/chat so the official `openai` client's
 `chat.completions.create` works unchanged (streaming or not). The sampling fields, their checks and the
 extensions (`top_k`, `repetition_penalty`, `ignore_eos`) are the completions route's (openai_schema.py).
-`response_format` (and the `regex` / `grammar` extensions) are structured.py's. Not served yet, each refused in
-one line naming the field: `n` > 1, `tools`, `logit_bias`, penalties other than 0.
+`n` (1..16) gives n choices. `response_format` (and the `regex` / `grammar` extensions) are structured.py's. Not
+served yet, each refused in one line naming the field: `tools`, `logit_bias`, penalties other than 0.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from gptedge.runtime.generation.sampling import SamplingParams
 from gptedge.runtime.modeldir.chat_template import check_messages
 from gptedge.runtime.errors import InvalidArgumentError
 
-from .openai_schema import (DEFAULT_MAX_TOKENS, MAX_LOGPROBS, _get, _is_int, _is_number, _stop, bad,
+from .openai_schema import (DEFAULT_MAX_TOKENS, MAX_CHOICES, MAX_LOGPROBS, _get, _is_int, _is_number, _stop, bad,
                             check_body_fields, sampling_fields, stream_fields, usage)
 
 CHAT_FIELDS = frozenset({
@@ -41,6 +41,7 @@ class ChatParams:
     top_logprobs: int | None = None  # None: no logprobs; N: the chosen token's and N alternatives
     ignore_eos: bool = False
     add_generation_prompt: bool = True
+    n: int = 1  # choices, each its own engine request (choice j samples with seed + j, as completions' n)
 
 
 def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
@@ -66,7 +67,7 @@ def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
     if max_tokens > max_tokens_limit:
         raise bad(name, f"{name} is {max_tokens}; this server allows at most {max_tokens_limit}")
     sampling = sampling_fields(body)
-    _get(body, "n", 1, lambda v: v == 1 and _is_int(v), "1 (one choice per request)")
+    n = _get(body, "n", 1, lambda v: _is_int(v) and 1 <= v <= MAX_CHOICES, f"an integer 1..{MAX_CHOICES}")
     for name in ("presence_penalty", "frequency_penalty"):
         _get(body, name, 0, lambda v: _is_number(v) and v == 0, "0 (not supported; see repetition_penalty)")
     _get(body, "logit_bias", {}, lambda v: v == {}, "empty (not supported)")
@@ -91,6 +92,7 @@ def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
         ignore_eos=_get(body, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false"),
         add_generation_prompt=_get(body, "add_generation_prompt", True, lambda v: isinstance(v, bool),
                                    "true or false"),
+        n=n,
     )
 
 
@@ -106,13 +108,19 @@ class ChatCompletion:
 
     def response(self, text: str, finish_reason: str | None, logprobs: list[dict] | None, prompt_tokens: int,
                  completion_tokens: int) -> dict:
-        message = {"role": "assistant", "content": text, "refusal": None}
-        choice = {"index": 0, "message": message, "logprobs": None if logprobs is None else {"content": logprobs},
-                  "finish_reason": finish_reason}
-        return {**self._envelope("chat.completion", [choice]), "usage": usage(prompt_tokens, completion_tokens)}
+        return self.response_n([(text, finish_reason, logprobs)], prompt_tokens, completion_tokens)
 
-    def chunk(self, delta: dict, finish_reason: str | None = None, logprobs: list[dict] | None = None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None if logprobs is None else {"content": logprobs},
+    def response_n(self, choices: list[tuple[str, str | None, list[dict] | None]], prompt_tokens: int,
+                   completion_tokens: int) -> dict:
+        """choices: (text, finish_reason, logprobs entries or None) of each, in index order."""
+        out = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None if logprobs is None else {"content": logprobs}, "finish_reason": finish_reason}
+               for i, (text, finish_reason, logprobs) in enumerate(choices)]
+        return {**self._envelope("chat.completion", out), "usage": usage(prompt_tokens, completion_tokens)}
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, logprobs: list[dict] | None = None,
+              index: int = 0) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": None if logprobs is None else {"content": logprobs},
                   "finish_reason": finish_reason}
         return self._envelope("chat.completion.chunk", [choice])
 

@@ -19,6 +19,7 @@ from gptedge.runtime.generation.sampling import SamplingParams
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI allows 5; vLLM 20)
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4)
+MAX_CHOICES = 16  # n and best_of: choices generated per prompt (OpenAI allowed best_of up to 20)
 MAX_MESSAGE = 500  # characters of an error message: a client's own names (model, fields) may be megabytes
 
 # Every field OpenAI's completions endpoint knows, and our extensions. Anything else is refused, as
@@ -67,6 +68,16 @@ class CompletionParams:
     logprobs: int | None = None  # None: no logprobs; N >= 0: the chosen token's and the top N alternatives
     echo: bool = False
     ignore_eos: bool = False
+    n: int = 1  # choices returned per prompt
+    best_of: int = 1  # choices generated per prompt (>= n); the n with the highest cumulative logprob are returned
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """The engine's prompt_logprobs: echo with logprobs scores the prompt (N alternatives), and max_tokens 0
+        (echo only) runs the prompt for nothing else; None: not computed."""
+        if self.echo and self.logprobs is not None:
+            return self.logprobs
+        return 0 if self.max_tokens == 0 else None
 
 
 def _is_int(v) -> bool:
@@ -151,13 +162,13 @@ def parse_completion_request(body, max_tokens_limit: int) -> CompletionParams:
     if "prompt" not in body:
         raise bad("prompt", "prompt is required")
     prompts = _prompts(body["prompt"])
-    max_tokens = _get(body, "max_tokens", DEFAULT_MAX_TOKENS, lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+    max_tokens = _get(body, "max_tokens", DEFAULT_MAX_TOKENS, lambda v: _is_int(v) and v >= 0, "an integer >= 0")
     if max_tokens > max_tokens_limit:
         raise bad("max_tokens", f"max_tokens is {max_tokens}; this server allows at most {max_tokens_limit}")
     sampling = sampling_fields(body)
-    for name in ("n", "best_of"):
-        _get(body, name, 1, lambda v: v == 1 and _is_int(v), "1 (one choice per prompt; send a list of prompts "
-                                                                "or several requests for more)")
+    n = _get(body, "n", 1, lambda v: _is_int(v) and 1 <= v <= MAX_CHOICES, f"an integer 1..{MAX_CHOICES}")
+    best_of = _get(body, "best_of", n, lambda v: _is_int(v) and n <= v <= MAX_CHOICES,
+                   f"an integer n..{MAX_CHOICES} (n is {n})")
     for name in ("presence_penalty", "frequency_penalty"):
         _get(body, name, 0, lambda v: _is_number(v) and v == 0, "0 (not supported; see repetition_penalty)")
     _get(body, "logit_bias", {}, lambda v: v == {}, "empty (not supported)")
@@ -167,13 +178,16 @@ def parse_completion_request(body, max_tokens_limit: int) -> CompletionParams:
     logprobs = _get(body, "logprobs", None, lambda v: _is_int(v) and 0 <= v <= MAX_LOGPROBS,
                     f"an integer 0..{MAX_LOGPROBS}")
     echo = _get(body, "echo", False, lambda v: isinstance(v, bool), "true or false")
-    if echo and logprobs is not None:
-        raise bad("echo", "echo with logprobs is not supported (the prompt's token logprobs are not computed)")
+    if max_tokens == 0 and not echo:
+        raise bad("max_tokens", "max_tokens 0 needs echo: true (the prompt alone, scored with logprobs)")
+    if stream and best_of > n:
+        raise bad("best_of", f"best_of {best_of} > n {n} cannot stream (the best choices are known at the end)")
     return CompletionParams(
         model=model, prompts=prompts, max_tokens=max_tokens,
         sampling=sampling, stop=_stop(body["stop"]) if body.get("stop") is not None else (), stream=stream,
         include_usage=include_usage, logprobs=logprobs, echo=echo,
         ignore_eos=_get(body, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false"),
+        n=n, best_of=best_of,
     )
 
 

@@ -4,6 +4,10 @@ Byte-level BPE can split one character (an emoji, an accented letter) over sever
 decoding the tokens so far then ends in U+FFFD. We hold such a tail back until the next
 token completes it. Likewise a tail that could be the start of a stop string is held back
 until it is known not to be one, so streamed text never has to be taken back.
+
+The stream is also where each token's place in the text is known (`last_offset`): the length of the text the
+tokens before it decode to, an incomplete character left out. The server's logprobs report it as the
+token's text_offset, so a request's text and its logprobs come from one decoding (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ class TextStream:
         self.emitted = ""  # text already handed out; always a prefix of the final text
         self.stopped = False  # a stop string has appeared
         self.final_text: str | None = None
+        self.last_offset = 0  # where the last pushed token's text starts in the text
+        self._complete = 0  # length of the text so far without an incomplete character at its end
 
     def push(self, token_id: int) -> str:
         """Add one generated id; return the newly completed text (possibly empty)."""
         self.ids.append(token_id)
         text = decode(self.tokenizer, self.ids)
+        self.last_offset, self._complete = self._complete, len(text.rstrip(REPLACEMENT))
         cut = self._stop_position(text)
         if cut is not None:
             self.stopped = True
@@ -67,3 +74,15 @@ class TextStream:
         piece = text[len(self.emitted):]
         self.emitted = text
         return piece
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """One token's own text (special tokens written out): what a logprobs entry names it by."""
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def token_offsets(tokenizer, ids: Sequence[int]) -> list[int]:
+    """Where each token's text starts in decode(ids), as TextStream.last_offset gives it token by token: the
+    length of the text of the tokens before it, an incomplete character at its end left out."""
+    prefixes = tokenizer.decode_batch([list(ids[:i]) for i in range(len(ids))], skip_special_tokens=True)
+    return [len(p.rstrip(REPLACEMENT)) for p in prefixes]

@@ -47,9 +47,11 @@ class DeviceSlotPool:
         self._kv_row_shape = [1, *kv0.shape()[1:]]  # (1, nh, context, width)
         self._prefill_logits = np.empty((1, 1, variant.shape.vocab_size), variant.logits_dtype)
         self._inputs: tuple[np.ndarray, ...] = ()
+        self.keeps_prompt_logits = True
+        self.prompt_logits: dict[int, np.ndarray] = {}  # seq -> (L, V) float32, from a keep_all prefill
 
     # -- one slot -------------------------------------------------------------------------------------
-    def _bind_slot(self, slot: int):
+    def _bind_slot(self, slot: int, keep: int = 1):
         """A binding of the ordinary session over one row of every cache (device addresses), logits to the host."""
         binding = self.variant.session.io_binding()
         device = self.variant.kv_device
@@ -57,10 +59,18 @@ class DeviceSlotPool:
             address = buf.data_ptr() + slot * self._row_bytes
             for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
                 bind(name, device, 0, self.variant.kv_dtype, self._kv_row_shape, address)
-        self.variant.bind_keep(binding, 1)
+        self.variant.bind_keep(binding, keep)  # 0 (every position) only on a fresh binding: 0 may be left unbound
         logits = self._prefill_logits
         binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
         return binding
+
+    def _keep_all(self, slot: int, positions: int):
+        """A binding of the slot with the LM head on every position of a run -> (binding, its logits buffer
+        (1, positions, V))."""
+        binding = self._bind_slot(slot, 0)
+        logits = np.empty((1, positions, self.variant.shape.vocab_size), self.variant.logits_dtype)
+        binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
+        return binding, logits
 
     def _run_slot(self, binding, ids: np.ndarray, start: int, end: int) -> np.ndarray:
         self._inputs = (np.ascontiguousarray(ids[:, start:end]), np.ones((1, end), np.int64),
@@ -75,7 +85,7 @@ class DeviceSlotPool:
         self._mask[slot, :held + 1] = 1  # a step writes this row's next position, held
 
     # -- the pool's interface ---------------------------------------------------------------------------
-    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None) -> Prefill:
+    def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None, *, keep_all: bool = False) -> Prefill:
         if not self._free:
             raise RuntimeError("sequence pool is full")  # the engine admits at most `capacity`
         if len(prompt_ids) >= self.max_length:
@@ -84,22 +94,31 @@ class DeviceSlotPool:
         self._hold(slot, 0)
         binding = self._bind_slot(slot)
         ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
-        logits = None
+        logits, kept = None, []
         for start, end in prefill_runs(ids.shape[1], chunk):
-            logits = self._run_slot(binding, ids, start, end)
+            # keep_all: a binding of this run's own, its logits `every` (1, end - start, V)
+            run, every = self._keep_all(slot, end - start) if keep_all else (binding, None)
+            logits = self._run_slot(run, ids, start, end)
+            if every is not None:
+                kept.append(every[0].astype(np.float32))
+                logits = kept[-1][-1]
             self._hold(slot, end)
             if end < ids.shape[1]:
                 yield  # a chunk done: the engine decodes the running batch before the next one
         self._joined.add(seq)
+        if keep_all:
+            self.prompt_logits[seq] = np.concatenate(kept)  # (L, V)
         return logits
 
-    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]], *,
+                      keep_all: Sequence[bool] = ()) -> np.ndarray:
         """Each prompt in its own slot, one run each (slots need not be neighbours)."""
         if len(seqs) > len(self._free):
             raise RuntimeError(f"a group of {len(seqs)} does not fit the pool's {len(self._free)} free slots")
         out = []
-        for seq, prompt in zip(seqs, prompts):
-            runs = self.prefill(seq, prompt, None)
+        keep = list(keep_all) or [False] * len(seqs)
+        for seq, prompt, k in zip(seqs, prompts, keep, strict=True):
+            runs = self.prefill(seq, prompt, None, keep_all=k)
             while True:
                 try:
                     next(runs)
@@ -123,6 +142,7 @@ class DeviceSlotPool:
         return self.decoder.logits.numpy()[slots, -1, :].astype(np.float32)  # (n, V) in seqs' order: only theirs converted
 
     def remove(self, seq: int) -> None:
+        self.prompt_logits.pop(seq, None)
         slot = self._slot.pop(seq, None)
         if slot is None:
             return

@@ -78,11 +78,16 @@ class SlotPool:
         self._decode = self._binding(capacity)  # its rows are rebound whenever n changes
         self._decode_rows = -1
         self._inputs: tuple[np.ndarray, ...] = ()
+        self.keeps_prompt_logits = True
+        self.prompt_logits: dict[int, np.ndarray] = {}  # seq -> (L, V) float32, from a keep_all prefill
 
-    def _binding(self, rows: int):
+    def _binding(self, rows: int, positions: int = 0):
+        """positions 0: the LM head on each row's last position, logits (rows, 1, V); else on every one of
+        `positions`, logits (rows, positions, V) (a prompt-logprobs prefill)."""
         binding = self._session.io_binding()
-        self.variant.bind_keep(binding, 1)
-        binding.logits = np.empty((rows, 1, self.variant.shape.vocab_size), self.variant.logits_dtype)  # kept alive
+        self.variant.bind_keep(binding, 0 if positions else 1)
+        binding.logits = np.empty((rows, positions or 1, self.variant.shape.vocab_size),
+                                  self.variant.logits_dtype)  # kept alive
         return binding
 
     def _bind_kv(self, binding, rows: slice) -> None:
@@ -104,48 +109,69 @@ class SlotPool:
 
     # -- the pool's interface ------------------------------------------------------------------------
     def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None,
-                prefix: np.ndarray | None = None) -> Prefill:
+                prefix: np.ndarray | None = None, *, keep_all: bool = False) -> Prefill:
+        if keep_all and prefix is not None:  # the engine never reuses a prefix whose logits are asked for
+            raise RuntimeError("prompt logits need every position run: no cached prefix")
         if len(self._rows) >= self.capacity:
             raise RuntimeError("sequence pool is full")  # the engine admits at most `capacity`
+        scratch = slice(self.capacity, self.capacity + 1)  # the scratch row
         binding = self._binding(1)
-        self._bind_kv(binding, slice(self.capacity, self.capacity + 1))  # the scratch row
+        self._bind_kv(binding, scratch)
         ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
         cached = 0
         if prefix is not None:  # (2 x n_layer, nh, P, width): the first P positions, run over as a past
             cached = prefix.shape[2]
             for buf, kv in zip(self.kv, prefix, strict=True):
                 buf[self.capacity, :, :cached] = kv
-        logits = None
+        logits, kept = None, []
         for start, end in prefill_runs(ids.shape[1], chunk, cached):
+            if keep_all:  # a binding per run: its logits are (1, end - start, V)
+                binding = self._binding(1, end - start)
+                self._bind_kv(binding, scratch)
             logits = self._run(binding, ids[:, start:end], np.ones((1, end), np.int64),
                                np.arange(start, end, dtype=np.int64)[None])[0]
+            if keep_all:
+                kept.append(binding.logits[0].astype(np.float32))
             if end < ids.shape[1]:
                 yield  # a chunk done: the engine decodes the running batch before the next one
         self._join(seq, ids.shape[1])
+        if keep_all:
+            self.prompt_logits[seq] = np.concatenate(kept)  # (L, V)
         return logits
 
     def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]],
-                      prefixes: Sequence[np.ndarray | None] | None = None) -> np.ndarray:
+                      prefixes: Sequence[np.ndarray | None] | None = None, *,
+                      keep_all: Sequence[bool] = ()) -> np.ndarray:
         if prefixes is not None and any(p is not None for p in prefixes):
-            return self._prefill_some_over_prefixes(seqs, prompts, prefixes)
+            return self._prefill_some_over_prefixes(seqs, prompts, prefixes, keep_all)
         k = len(seqs)
         if not 1 <= k <= self.capacity - len(self._rows):
             raise RuntimeError(f"a group of {k} does not fit the pool's {self.capacity - len(self._rows)} free rows")
-        longest = max(len(p) for p in prompts)
-        ids = np.zeros((k, longest), np.int64)  # (k, S), each prompt at the right end of its row
-        mask = np.zeros((k, longest), np.int64)
-        pos = np.zeros((k, longest), np.int64)
-        for r, prompt in enumerate(prompts):
+        # identical prompts (a request's n / best_of choices) run once: each one's window is copied from the
+        # scratch row of its first copy. source[i]: the run's row of prompts[i]; u unique prompts in order
+        first: dict[tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        unique = list(first)
+        u, longest = len(unique), max(len(p) for p in unique)
+        ids = np.zeros((u, longest), np.int64)  # (u, S), each prompt at the right end of its row
+        mask = np.zeros((u, longest), np.int64)
+        pos = np.zeros((u, longest), np.int64)
+        for r, prompt in enumerate(unique):
             pad = longest - len(prompt)
             ids[r, pad:], mask[r, pad:], pos[r, pad:] = prompt, 1, np.arange(len(prompt))
-        binding = self._binding(k)  # made per group: a run of k x S positions dwarfs binding 2 x layers arrays
-        self._bind_kv(binding, slice(self.capacity, self.capacity + k))
-        logits = self._run(binding, ids, mask, pos)  # (k, V)
-        for r, (seq, prompt) in enumerate(zip(seqs, prompts, strict=True)):
+        # made per group: a run of u x S positions dwarfs binding 2 x layers arrays. When a row asks for its
+        # prompt logits the LM head runs on every position of the group's run (u x S, padding included)
+        keep = any(keep_all)
+        binding = self._binding(u, longest if keep else 0)
+        self._bind_kv(binding, slice(self.capacity, self.capacity + u))
+        logits = self._run(binding, ids, mask, pos)  # (u, V)
+        for i, (seq, prompt, r) in enumerate(zip(seqs, prompts, source, strict=True)):
             self._join(seq, len(prompt), src=self.capacity + r, src_end=longest)
-        return logits
+            if keep and keep_all[i]:
+                self.prompt_logits[seq] = binding.logits[r, longest - len(prompt):].astype(np.float32)  # (L, V)
+        return logits[source]  # (k, V)
 
-    def _prefill_some_over_prefixes(self, seqs, prompts, prefixes) -> np.ndarray:
+    def _prefill_some_over_prefixes(self, seqs, prompts, prefixes, keep_all: Sequence[bool] = ()) -> np.ndarray:
         """A group where some prompts start from a cached prefix: those run alone over their past (CPU
         GroupQueryAttention runs several positions over a past for batch 1 only), the others together."""
         if len(seqs) > self.capacity - len(self._rows):
@@ -154,8 +180,10 @@ class SlotPool:
         fresh = [i for i, p in enumerate(prefixes) if p is None]
         logits: list[np.ndarray | None] = [None] * len(seqs)
         if fresh:
-            for i, row in zip(fresh, self.prefill_group([seqs[i] for i in fresh], [prompts[i] for i in fresh]),
-                              strict=True):
+            keep = list(keep_all) or [False] * len(seqs)
+            rows = self.prefill_group([seqs[i] for i in fresh], [prompts[i] for i in fresh],
+                                      keep_all=[keep[i] for i in fresh])
+            for i, row in zip(fresh, rows, strict=True):
                 logits[i] = row
         for i, prefix in enumerate(prefixes):
             if prefix is not None:
@@ -194,6 +222,7 @@ class SlotPool:
         return logits[[row_of[s] for s in seqs]]
 
     def remove(self, seq: int) -> None:
+        self.prompt_logits.pop(seq, None)
         if seq not in self._rows:
             return  # removed mid-prefill: the scratch row is simply reused
         r, last = self._rows.index(seq), len(self._rows) - 1

@@ -20,17 +20,20 @@ class StandardState:
         self._graph = graph
         self._past: list = graph.empty_past(batch)  # numpy at first, then ORT values
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+            keep_all: bool = False) -> np.ndarray:
+        """-> the last position's logits (B, V), or every position's (B, S, V) with keep_all (prompt logprobs)."""
         g = self._graph
         value = g.ort.OrtValue.ortvalue_from_numpy
         feeds = {C.INPUT_IDS: value(input_ids), C.ATTENTION_MASK: value(attention_mask),
                  C.POSITION_IDS: value(position_ids)}
-        if g.keep_last is not None:
+        if g.keep_last is not None and not keep_all:  # left unfed, logits_to_keep is 0: every position
             feeds[C.LOGITS_TO_KEEP] = g.keep_last
         for name, kv in zip(g.names.past_names, self._past, strict=True):
             feeds[name] = value(kv) if isinstance(kv, np.ndarray) else kv
         logits, *self._past = g.session.run_with_ort_values(g.output_names, feeds)
-        return logits.numpy()[:, -1, :].astype(np.float32, copy=False)  # (B, V)
+        logits = logits.numpy()  # (B, S, V), or (B, 1, V) when logits_to_keep is 1
+        return (logits if keep_all else logits[:, -1, :]).astype(np.float32, copy=False)
 
     def set_past(self, past: Sequence[np.ndarray]) -> None:
         """Start from a cached prefix: one (B, nh, P, hs) array per past input (the server's prefix cache)."""

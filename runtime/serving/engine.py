@@ -22,13 +22,14 @@ llama.cpp's server gives each slot one), set where it moves, and ends with a Fin
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import numpy as np
@@ -41,12 +42,13 @@ from ..generation.generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, STOP_
                                      check_prompts)
 from ..generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB
 from ..generation.sampling import SamplingParams, select_token
-from ..generation.text_stream import TextStream
+from ..generation.text_stream import TextStream, token_text
 from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
 from .admission import PrefillPlan, plan_prefill
 from .metrics import EngineMetrics
 from .prefix_cache import PrefixReuse
+from .prompt_logprobs import PromptLogprobs, prompt_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,9 @@ class CompletionRequest:
     ignore_eos: bool = False
     stop_ids: tuple[int, ...] = ()  # more tokens that end it as eos does (a chat template's end of turn)
     constraint: Constraint | None = None  # structured output: each token drawn from the grammar's mask
+    # the prompt's own logprobs with this many alternatives per token (None: not computed); max_new_tokens may
+    # then be 0 (the prompt scored, nothing generated). See prompt_logprobs.py.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         """Types checked here (TypeError naming the field); ranges against the model at submit()."""
@@ -106,6 +111,8 @@ class CompletionRequest:
         object.__setattr__(self, "stop", check_stop(self.stop))
         check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
         check_bool(self.ignore_eos, "ignore_eos")
+        if self.prompt_logprobs is not None:
+            check_int(self.prompt_logprobs, "prompt_logprobs", 0, MAX_LOGPROBS)
         object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise TypeError(f"constraint must be a compiled Constraint, got {type(self.constraint).__name__}")
@@ -122,6 +129,11 @@ class TokenEvent:
     finish_reason: FinishReason | None = None  # on the last event
     generation: Generation | None = None  # on the last event
     error: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # on the request's first event, when it asked for them
+    # with logprobs: the token's own text and where it starts in the request's text (TextStream.last_offset), so
+    # the text and the logprobs' tokens come from the engine's one decoding (docs/serving.md)
+    token_text: str | None = None
+    text_offset: int | None = None
 
 
 @dataclass(eq=False)
@@ -138,6 +150,7 @@ class _Active:
     last_token_at: float = 0.0
     status: RequestState = RequestState.WAITING
     constraint: RowConstraint | None = None  # its grammar's state and next mask (structured output)
+    prompt_logprobs: PromptLogprobs | None = None  # computed at prefill, sent with the first event
 
 
 class RequestHandle:
@@ -168,6 +181,8 @@ class Engine:
         self._masks = MaskWorker()  # constrained rows' next masks, computed while the step runs
         self.prefix = self._prefix_reuse(prefix_cache_mb)  # None: every prompt is prefilled from its first token
         self._tokenizer = model.tokenizer if model.has_tokenizer else None
+        if self._tokenizer is not None:  # cached: the same ids recur
+            self._token_text = functools.lru_cache(maxsize=65536)(functools.partial(token_text, self._tokenizer))
         self._cond = threading.Condition()
         self._waiting: deque[_Active] = deque()
         self._running: list[_Active] = []
@@ -228,7 +243,12 @@ class Engine:
         if not callable(on_event):
             raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
         m = self.model.manifest
-        check_prompts([request.prompt_ids], request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
+        if request.prompt_logprobs is not None:
+            if not getattr(self.pool, "keeps_prompt_logits", False):
+                raise InvalidArgumentError("this model's graph and device do not compute prompt logprobs")
+            check_int(request.max_new_tokens, "max_new_tokens", 0)  # 0: score the prompt only
+        check_prompts([request.prompt_ids], max(request.max_new_tokens, 1) if request.prompt_logprobs is not None
+                      else request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
         if request.constraint is not None and request.constraint.vocab_size != m.shape.vocab_size:
             raise InvalidArgumentError(f"the constraint was compiled for {request.constraint.vocab_size} tokens, "
                                        f"this model has {m.shape.vocab_size}")
@@ -304,15 +324,19 @@ class Engine:
             prefixes = self._prefixes(group)  # None when reuse is off: then the pool is called as it always was
             if not plan.chunked:
                 self._group = group
+                keep = [a.request.prompt_logprobs is not None for a in group]
+                extra = ({} if prefixes is None else {"prefixes": prefixes}) | ({"keep_all": keep} if any(keep) else {})
                 logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group],
-                                                 *(() if prefixes is None else (prefixes,)))
+                                                 **extra)  # only what the pool is asked for: the GPU's takes fewer
                 self._group = []
                 for active, row in zip(group, logits, strict=True):
                     self._joined(active, row)
                 return
             active = group[0]
+            extra = ({} if prefixes is None else {"prefix": prefixes[0]}) | (
+                {"keep_all": True} if active.request.prompt_logprobs is not None else {})
             self._prefilling = (active, self.pool.prefill(active.seq, active.request.prompt_ids, self.prefill_chunk,
-                                                          *(() if prefixes is None else (prefixes[0],))))
+                                                          **extra))
         if not plan.chunked:
             return
         active, runs = self._prefilling
@@ -329,7 +353,9 @@ class Engine:
         if self._prefilling is not None:  # the engine thread's own state: the queue is not read, no lock needed
             return plan_prefill(True, (), len(self._running), self.max_batch, self.prefill_chunk), []
         with self._cond:
-            waiting = ((len(a.request.prompt_ids), self.prefix.reusable(a.request.prompt_ids, a.keys))
+            # a request scoring its prompt (prompt logprobs) runs every position: it reuses nothing
+            waiting = ((len(a.request.prompt_ids), 0 if a.request.prompt_logprobs is not None
+                        else self.prefix.reusable(a.request.prompt_ids, a.keys))
                        if self.prefix else len(a.request.prompt_ids) for a in self._waiting)
             plan = plan_prefill(False, waiting, len(self._running), self.max_batch, self.prefill_chunk)
             group = [self._waiting.popleft() for _ in range(plan.admit)]
@@ -350,6 +376,15 @@ class Engine:
         """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
         if self.prefix is not None:  # its blocks not cached yet, before the row can leave
             self.prefix.store(active.seq, active.keys)
+        req = active.request
+        if req.prompt_logprobs is not None:
+            active.prompt_logprobs = prompt_logprobs(self.pool.prompt_logits.pop(active.seq), req.prompt_ids,
+                                                     req.prompt_logprobs)
+            if req.max_new_tokens == 0:  # the prompt scored, nothing to generate
+                self.pool.remove(active.seq)
+                self._finish(active, "", None, reason=FinishReason.LENGTH)
+                self.metrics.running = len(self._running)
+                return
         self._emit_next(active, logits)
         if active.state.result.stop:
             self.pool.remove(active.seq)
@@ -400,16 +435,21 @@ class Engine:
         first = not active.last_token_at
         self.metrics.observe_token(now - (active.submitted if first else active.last_token_at), first)
         active.last_token_at, active.pending = now, tok
+        named = {}
+        if req.logprobs and state.stream is not None:
+            named = {"token_text": self._token_text(tok), "text_offset": state.stream.last_offset}
         if error is not None:
-            self._finish(active, piece, tok, logprob, top, FinishReason.ERROR, error)
+            self._finish(active, piece, tok, logprob, top, FinishReason.ERROR, error, named=named)
         elif state.result.stop:
-            self._finish(active, piece, tok, logprob, top)
+            self._finish(active, piece, tok, logprob, top, named=named)
         else:
-            self._deliver(active, TokenEvent(piece, tok, logprob, top))
+            self._deliver(active, TokenEvent(piece, tok, logprob, top, **named))
 
     def _deliver(self, active: _Active, event: TokenEvent) -> None:
         """Hand an event to its request's callback. A callback that raises ends its own request (cancelled at
         the next step boundary), never the batch: the others' events keep coming."""
+        if active.prompt_logprobs is not None:  # the first event carries them
+            event, active.prompt_logprobs = replace(event, prompt_logprobs=active.prompt_logprobs), None
         try:
             active.on_event(event)
         except Exception as e:  # the caller's code: anything may come out of it
@@ -419,7 +459,7 @@ class Engine:
             active.cancelled.set()
 
     def _finish(self, active: _Active, piece: str, tok: int | None, logprob=None, top=None,
-                reason: FinishReason | None = None, error: str | None = None) -> None:
+                reason: FinishReason | None = None, error: str | None = None, named: dict | None = None) -> None:
         r = active.state.result
         tail = active.state.stream.flush() if active.state.stream is not None and reason is None else ""
         if active.state.stream is not None:
@@ -427,7 +467,7 @@ class Engine:
         reason = reason or (FinishReason.LENGTH if r.stop in (STOP_MAX_NEW, STOP_CONTEXT) else FinishReason.STOP)
         active.status = RequestState.FINISHED
         self.metrics.finished(reason.value, len(r.ids))
-        self._deliver(active, TokenEvent(piece + tail, tok, logprob, top, reason, r, error))
+        self._deliver(active, TokenEvent(piece + tail, tok, logprob, top, reason, r, error, **(named or {})))
 
     def _drop_cancelled(self) -> None:
         with self._cond:
