@@ -259,3 +259,21 @@ def test_the_schema_asks_the_engine_for_prompt_logprobs_only_with_echo():
     assert parsed(echo=True, logprobs=0, max_tokens=0).prompt_logprobs == 0
     assert parsed(echo=True, max_tokens=0).prompt_logprobs == 0  # the echo alone: the prompt still runs once
     assert parsed(logprobs=3).prompt_logprobs is None and parsed(echo=True).prompt_logprobs is None
+
+
+def test_a_prompt_scored_after_its_prefix_was_cached_runs_every_position(model, reference):
+    """Prefix reuse skips cached positions, whose logits a scored prompt needs: the engine gives such a request no
+    cached prefix, so its logprobs equal the reference even when an earlier request cached the whole prompt."""
+    ids = model.encode(TEXTS[0] + " and " + TEXTS[3])  # a whole 16-token block and more
+    engine = Engine(model, max_batch=4, max_queue=8, prefix_cache_mb=8).start()
+    try:
+        first, scored = Collector(), Collector()
+        engine.submit(CompletionRequest(tuple(ids), 2, GREEDY), first)
+        assert first.finished()
+        engine.submit(CompletionRequest(tuple(ids), 0, GREEDY, prompt_logprobs=2), scored)
+        assert scored.finished() and scored.last.finish_reason == FinishReason.LENGTH
+    finally:
+        engine.stop(grace_s=1)
+    cache = engine.prefix.cache
+    assert len(cache) >= 1 and cache.saved_tokens == 0  # the prompt was cached, and nothing was taken from it
+    check_against_reference(reference, ids, scored.last.prompt_logprobs, 2)
