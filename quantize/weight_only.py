@@ -7,23 +7,28 @@ recipe.quantize_head); the embedding gathers rows of the same blocks and dequant
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
+from gptedge.onnx_files import Initializers
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.modeldir.manifest import ModelShape
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
 
 from . import int8_math as qm
 from . import nbit_math as nm
-from .awq import awq_overrides
+from .awq import awq_overrides, ln_linear_pairs
 from .base import Method, Quantized, QuantizeJob, Storage
 from .fp16 import ACTIVATIONS as FP16_ACTIVATIONS
 from .fp16 import to_float16
 from .rewrite import MS_DOMAIN, Rewrite
+
+log = logging.getLogger(__name__)
 
 
 def _blocked_weight(r: Rewrite, name: str, w_rows: np.ndarray, bits: int, block_size: int,
@@ -171,6 +176,11 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
+    if rc.awq and not ln_linear_pairs(job.model, Initializers(job.model, job.model_dir)):
+        # RMSNorm written as plain ops (Llama-style families): no LayerNormalization to fold scales into. The
+        # manifest records the recipe as applied, so without awq
+        log.warning("--awq: no LayerNormalization feeds a linear alone in this graph; quantizing without it")
+        rc = replace(rc, awq=False)
     overrides = (awq_overrides(job.model, rc, job.manifest, job.model_dir, job.calibration_text, job.work_dir)
                  if rc.awq else None)
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,

@@ -252,3 +252,13 @@ def test_serve_pool_decodes_gqa_with_a_quantized_cache(gqa_caches, cache):
     for _ in range(11):
         got.append(int(pool.step([0], np.array([got[-1]]))[0].argmax()))
     assert got == want
+
+
+def test_awq_on_rmsnorm_is_recorded_as_not_applied(fp32_dirs, root, tmp_path):
+    """AWQ folds its scales into a LayerNormalization before a linear; Llama's RMSNorm is plain ops, so there is
+    none: the dir is quantized without it and its manifest says so (a warning says why)."""
+    out = tmp_path / "awq"
+    quantize(fp32_dirs["gqa2-linear"], out, "--method", "weight-only", "--bits", "4", "--awq", "--calibration",
+             str(ROOT / "samples" / "calibration" / "emma_ch1-4.txt"), "--calibration-length", "32",
+             "--calibration-sequences", "2")
+    assert json.loads((out / "gptedge.json").read_text())["quantization"]["awq"] is False

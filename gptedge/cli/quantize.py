@@ -55,8 +55,9 @@ recipe_options = grouped(
     click.option("--embedding-bits", type=click.Choice(["8", "4"]), default=None,
                  help="Weight-only: bits of the tied embedding / LM head.  [default: 8]"),
     click.option("--keep-8bit", "keep_8bit", multiple=True, metavar="PATTERN",
-                 help="Weight-only 4-bit: keep the linears this glob names at 8 bits (repeatable; names like "
-                      "h.3.mlp.c_proj, so '*.mlp.c_proj' is every block's MLP output)."),
+                 help="Weight-only 4-bit: keep the linears this glob names at 8 bits (repeatable; the same names "
+                      "in every family: h.N.attention.{qkv,q,k,v,o}, h.N.mlp.{gate,up,down}, so '*.mlp.down' is "
+                      "every block's MLP output; the graph's own names, e.g. GPT-2's h.3.mlp.c_proj, match too)."),
     click.option("--scale-search", type=click.Choice(SCALE_SEARCHES), default="range", show_default=True,
                  help="Weight-only: each block's scale (and zero point): range, from its min / max (a small clipping "
                       "grid at 4 bits); mse, the least squared error over a wider grid and refits. Same bytes."),
