@@ -258,7 +258,8 @@ def test_awq_on_rmsnorm_is_recorded_as_not_applied(fp32_dirs, root, tmp_path):
     """AWQ folds its scales into a LayerNormalization before a linear; Llama's RMSNorm is plain ops, so there is
     none: the dir is quantized without it and its manifest says so (a warning says why)."""
     out = tmp_path / "awq"
-    quantize(fp32_dirs["gqa2-linear"], out, "--method", "weight-only", "--bits", "4", "--awq", "--calibration",
+    said = quantize(fp32_dirs["gqa2-linear"], out, "--method", "weight-only", "--bits", "4", "--awq", "--calibration",
              str(ROOT / "samples" / "calibration" / "emma_ch1-4.txt"), "--calibration-length", "32",
              "--calibration-sequences", "2")
     assert json.loads((out / "gptedge.json").read_text())["quantization"]["awq"] is False
+    assert "(weight-only, 4-bit, embedding 8-bit): " in said

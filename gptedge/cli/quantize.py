@@ -123,7 +123,7 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         widths = "" if recipe.bits in (8, 16) else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
         widths += f", 8-bit {' '.join(recipe.keep_8bit)}" if recipe.keep_8bit else ""
         widths += ", mse scales" if recipe.scale_search == "mse" else ""
-        widths += ", awq" if recipe.awq else ""
+        widths += ", awq" if manifest.quantization.awq else ""  # as applied: a graph with nothing to fold drops it
         widths += ", fp16 activations" if recipe.float16 else ""
         widths += f", {kv_cache} KV cache" if kv_cache != DEFAULT_KV_CACHE else ""
         done = (f"{recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "
