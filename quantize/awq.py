@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 from gptedge.onnx_files import Initializers
 from gptedge.runtime.graphs.graph_variant import variant_class
 from gptedge.runtime.modeldir.manifest import Manifest
-from gptedge.runtime.modeldir.recipe import QuantizeRecipe, kept_at_8bit
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
 
 from . import int8_math as qm
 from . import kv_cache as kv
@@ -134,12 +134,14 @@ def awq_overrides(model: onnx.ModelProto, recipe: QuantizeRecipe, manifest: Mani
     acts = layer_norm_outputs(model_dir, manifest, [ln.output[0] for ln, _ in pairs], windows, work_dir)
     rng = np.random.default_rng(0)
     out: dict[str, np.ndarray] = {}
+    neutral = block_linears(manifest.shape.n_layer, manifest.shape.arch)
     for ln, lin in pairs:
         x = acts.pop(ln.output[0])
         if len(x) > MAX_ROWS:
             x = x[np.sort(rng.choice(len(x), MAX_ROWS, replace=False))]
         name = lin.input[1]
-        bits = 8 if recipe.bits == 8 or kept_at_8bit(name.removesuffix(".weight"), recipe.keep_8bit) else recipe.bits
+        names = (name.removesuffix(".weight"), neutral.get(name.removesuffix(".weight"), ""))
+        bits = 8 if recipe.bits == 8 or kept_at_8bit(names, recipe.keep_8bit) else recipe.bits
         w = weights[name].astype(np.float32)
         s, alpha, ratio = choose_scale(x.astype(np.float32), w, bits, recipe)
         log.info("awq %s: alpha %.3f, output error %.3fx the plain quantization's", name, alpha, ratio)

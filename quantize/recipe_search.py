@@ -27,7 +27,7 @@ from gptedge.atomic import check_output
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.generation.evaluate import log_softmax, sliding_windows, window_logits
 from gptedge.runtime.modeldir.manifest import ModelShape, RecipeSearch, SearchCandidate, read_manifest, write_manifest
-from gptedge.runtime.modeldir.recipe import QuantizeRecipe, kept_at_8bit, block_linear_names
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
 from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
 
 from .quantizer import quantize_model_dir
@@ -48,29 +48,31 @@ _4 = dict(bits=4, scale_search="mse")
 _8 = dict(bits=8, scale_search="mse", awq=True)
 CANDIDATES: tuple[tuple[str, dict], ...] = (
     ("--bits 4 --scale-search mse", _4),
-    ("--bits 4 --scale-search mse --keep-8bit '*.attn.c_proj'", dict(_4, keep_8bit=("*.attn.c_proj",))),
-    ("--bits 4 --scale-search mse --keep-8bit '*.attn.*'", dict(_4, keep_8bit=("*.attn.*",))),
-    ("--bits 4 --scale-search mse --block-size 16 --keep-8bit '*.attn.*'", dict(_4, block_size=16,
-                                                                                keep_8bit=("*.attn.*",))),
+    ("--bits 4 --scale-search mse --keep-8bit '*.attention.o'", dict(_4, keep_8bit=("*.attention.o",))),
+    ("--bits 4 --scale-search mse --keep-8bit '*.attention.*'", dict(_4, keep_8bit=("*.attention.*",))),
+    ("--bits 4 --scale-search mse --block-size 16 --keep-8bit '*.attention.*'",
+     dict(_4, block_size=16, keep_8bit=("*.attention.*",))),
     ("--bits 8 --scale-search mse --awq", _8),
     ("--bits 8 --scale-search mse --awq --block-size 16", dict(_8, block_size=16)),
 )
 
 
 def estimated_bytes(recipe: QuantizeRecipe, shape: ModelShape) -> float:
-    """Weight bytes of a GPT-2-shaped model under the recipe: the order candidates are tried in (the record keeps the
-    real file sizes). Per weight: bits / 8, plus a 4-byte scale (and a 4-bit zero point, asymmetric) per block."""
-    c = shape.n_embd
-    sizes = {"attn.c_attn": 3 * c * c, "attn.c_proj": c * c, "mlp.c_fc": 4 * c * c, "mlp.c_proj": 4 * c * c}
+    """Weight bytes of the model under the recipe: the order candidates are tried in (the record keeps the real file
+    sizes). Per weight: bits / 8, plus a 4-byte scale (and a 4-bit zero point, asymmetric) per block. Weights per
+    linear by its neutral name; the MLP taken as 4C wide (the manifest does not record its width)."""
+    c, kv = shape.n_embd, shape.kv_heads * shape.head_dim
+    sizes = {"attention.qkv": c * (c + 2 * kv), "attention.q": c * c, "attention.k": c * kv, "attention.v": c * kv,
+             "attention.o": c * c, "mlp.gate": 4 * c * c, "mlp.up": 4 * c * c, "mlp.down": 4 * c * c}
 
     def per_weight(bits: int) -> float:
         zp = 0.5 if bits == 4 and not recipe.symmetric else 0.0
         return bits / 8 + (4 + zp) / recipe.block_size
 
     total = shape.vocab_size * c * per_weight(recipe.embedding_bits)
-    for name in block_linear_names(shape.n_layer):
-        bits = 8 if recipe.bits == 8 or kept_at_8bit(name, recipe.keep_8bit) else recipe.bits
-        total += sizes[name.split(".", 2)[2]] * per_weight(bits)
+    for graph_name, neutral in block_linears(shape.n_layer, shape.arch).items():
+        bits = 8 if recipe.bits == 8 or kept_at_8bit((graph_name, neutral), recipe.keep_8bit) else recipe.bits
+        total += sizes[neutral.split(".", 2)[2]] * per_weight(bits)
     return total
 
 

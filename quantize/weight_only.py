@@ -7,23 +7,28 @@ recipe.quantize_head); the embedding gathers rows of the same blocks and dequant
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
+from gptedge.onnx_files import Initializers
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.modeldir.manifest import ModelShape
-from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linear_names, kept_at_8bit
+from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
 
 from . import int8_math as qm
 from . import nbit_math as nm
-from .awq import awq_overrides
+from .awq import awq_overrides, ln_linear_pairs
 from .base import Method, Quantized, QuantizeJob, Storage
 from .fp16 import ACTIVATIONS as FP16_ACTIVATIONS
 from .fp16 import to_float16
 from .rewrite import MS_DOMAIN, Rewrite
+
+log = logging.getLogger(__name__)
 
 
 def _blocked_weight(r: Rewrite, name: str, w_rows: np.ndarray, bits: int, block_size: int,
@@ -90,7 +95,8 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
                         symmetric: bool = True, embedding_bits: int | None = None, base_dir: Path | None = None,
                         quantize_head: bool = True,
                         keep_8bit: tuple[str, ...] = (), scale_search: str = "range",
-                        overrides: dict[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, dict[str, str]]:
+                        overrides: dict[str, np.ndarray] | None = None,
+                        linear_names: dict[str, str] | None = None) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Linear MatMuls and the LM head -> MatMulNBits (`bits`-bit blocks along K, activations stay float).
 
     The tied embedding is stored once in MatMulNBits' layout, at `embedding_bits` (default: `bits`):
@@ -101,6 +107,8 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
     8 bits in a 4-bit rewrite (mixed precision; each still one MatMulNBits node, bits=8). scale_search: how
     each block's scale is chosen (recipe.SCALE_SEARCHES). overrides: initializers' new float values by name,
     read instead of the source's (awq.py's fold: LayerNorm gamma / beta and the linears' scaled weights).
+    linear_names: graph name -> neutral name of each block linear (recipe.block_linears), what keep_8bit matches
+    besides the graph's own names; None: the graph's names alone.
     """
     embedding_bits = embedding_bits or bits
     r = Rewrite(model, base_dir)
@@ -134,7 +142,9 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
                                       f"{embedding_bits}-bit weight)")
         elif r.is_linear(node) and node.name != float_head:
             w = r.new_inits.get(node.input[1], r.weights[node.input[1]])  # (K, N)
-            width_bits = 8 if kept_at_8bit(node.input[1].removesuffix(".weight"), keep_8bit) else bits
+            graph_name = node.input[1].removesuffix(".weight")
+            names = (graph_name, (linear_names or {}).get(graph_name, graph_name))
+            width_bits = 8 if kept_at_8bit(names, keep_8bit) else bits
             r.node("MatMulNBits", [node.input[0], *_blocked_weight(r, node.input[1], w.T, width_bits, block_size,
                                                                    symmetric, scale_search)],
                    list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=width_bits,
@@ -155,21 +165,29 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
         fit = [b for b in (16, 32, 64, 128, 256, 512) if shape.n_embd % b == 0]
         raise InvalidArgumentError(f"--block-size {recipe.block_size} does not divide n_embd {shape.n_embd}: "
                                    f"choose {', '.join(map(str, fit)) or 'a power of two >= 16 that divides it'}")
-    names = block_linear_names(shape.n_layer)
+    names = block_linears(shape.n_layer, shape.arch)
     for pattern in recipe.keep_8bit:  # a pattern that keeps nothing is a typo, not a recipe
-        if not any(kept_at_8bit(n, (pattern,)) for n in names):
-            raise InvalidArgumentError(f"--keep-8bit {pattern!r} matches no linear: they are named "
-                                       f"h.0.attn.c_attn .. h.{shape.n_layer - 1}.mlp.c_proj")
+        if not any(kept_at_8bit(pair, (pattern,)) for pair in names.items()):
+            neutral = " / ".join(sorted({n.split(".", 2)[2] for n in names.values()}))
+            raise InvalidArgumentError(f"--keep-8bit {pattern!r} matches no linear: they are named h.N.{{{neutral}}} "
+                                       f"(N = 0 .. {shape.n_layer - 1}), or as the graph names them "
+                                       f"({next(iter(names))})")
 
 
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
+    if rc.awq and not ln_linear_pairs(job.model, Initializers(job.model, job.model_dir)):
+        # RMSNorm written as plain ops (Llama-style families): no LayerNormalization to fold scales into. The
+        # manifest records the recipe as applied, so without awq
+        log.warning("--awq: no LayerNormalization feeds a linear alone in this graph; quantizing without it")
+        rc = replace(rc, awq=False)
     overrides = (awq_overrides(job.model, rc, job.manifest, job.model_dir, job.calibration_text, job.work_dir)
                  if rc.awq else None)
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
                                        rc.embedding_bits, base_dir=job.model_dir,
                                        quantize_head=rc.quantize_head, keep_8bit=rc.keep_8bit,
-                                       scale_search=rc.scale_search, overrides=overrides)  # initializers inline
+                                       scale_search=rc.scale_search, overrides=overrides,  # initializers inline
+                                       linear_names=block_linears(job.manifest.shape.n_layer, job.manifest.shape.arch))
     if rc.float16:
         model = to_float16(model)  # MatMulNBits' scales and activations become fp16 with the rest
     return Quantized(model, nodes, rc)

@@ -58,12 +58,26 @@ class GraphEntry(Entry):
     shared_buffer: bool = False  # past and present are one buffer that GroupQueryAttention writes in place
 
 
+# A block's linears as GPT-2's graph names them (`h.3.attn.c_proj.weight`, less `h.3.` and `.weight`), each with
+# its family-neutral name: the names `quantize --keep-8bit` matches (docs/quantization.md#linear-names).
+GPT2_LINEARS = (("attn.c_attn", "attention.qkv"), ("attn.c_proj", "attention.o"), ("mlp.c_fc", "mlp.up"),
+                ("mlp.c_proj", "mlp.down"))
+LLAMA_LINEARS = (("self_attn.q_proj", "attention.q"), ("self_attn.k_proj", "attention.k"),
+                 ("self_attn.v_proj", "attention.v"), ("self_attn.o_proj", "attention.o"),
+                 ("mlp.gate_proj", "mlp.gate"), ("mlp.up_proj", "mlp.up"), ("mlp.down_proj", "mlp.down"))
+GPT_NEOX_LINEARS = (("attention.q", "attention.q"), ("attention.k", "attention.k"), ("attention.v", "attention.v"),
+                    ("attention.dense", "attention.o"), ("mlp.dense_h_to_4h", "mlp.up"),
+                    ("mlp.dense_4h_to_h", "mlp.down"))
+
+
 @dataclass(frozen=True)
 class FamilyEntry(Entry):
     """A model family's line: what load checks a manifest's arch against, known without importing it (torch).
-    Every family has two LayerNorms a block; `final_norm`: one more after the blocks."""
+    Every family has two LayerNorms a block; `final_norm`: one more after the blocks. `linears`: each block
+    linear's graph name and its neutral name (quantize reads them; it never names a family)."""
 
     final_norm: bool | None = None  # None: not said (the arch is then not checked against the graph)
+    linears: tuple[tuple[str, str], ...] = GPT2_LINEARS
 
 
 @dataclass(frozen=True)
@@ -126,11 +140,12 @@ class Registry(Generic[E, T]):
 FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
     "gpt2": FamilyEntry("gptedge.export.gpt2", final_norm=True),
     "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False),
-    "llama": FamilyEntry("gptedge.export.llama"),  # RMSNorm, not LayerNorm: no norm count to check
+    # RMSNorm, not LayerNorm: no norm count to check
+    "llama": FamilyEntry("gptedge.export.llama", linears=LLAMA_LINEARS),
     # GPT-NeoX has GPT-2's norm count (2n + 1): not said, so a GPT-2 graph's count still names GPT-2 alone
-    "gpt_neox": FamilyEntry("gptedge.export.gpt_neox"),
-    "qwen2": FamilyEntry("gptedge.export.qwen2"),
-    "mistral": FamilyEntry("gptedge.export.mistral"),
+    "gpt_neox": FamilyEntry("gptedge.export.gpt_neox", linears=GPT_NEOX_LINEARS),
+    "qwen2": FamilyEntry("gptedge.export.qwen2", linears=LLAMA_LINEARS),
+    "mistral": FamilyEntry("gptedge.export.mistral", linears=LLAMA_LINEARS),
 })
 QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization method", "METHOD", {
     "dynamic": MethodEntry("gptedge.quantize.dynamic",

@@ -81,7 +81,8 @@ def test_keep_8bit_refusals(gpt2_model_dir, tmp_path):
     runner = CliRunner()
     for args, message in [
         (["--bits", "4", "--keep-8bit", "h.2.*"], "--keep-8bit 'h.2.*' matches no linear: they are named "
-                                                  "h.0.attn.c_attn .. h.1.mlp.c_proj"),
+                                                  "h.N.{attention.o / attention.qkv / mlp.down / mlp.up} (N = 0 .. 1)"
+                                                  ", or as the graph names them (h.0.attn.c_attn)"),
         (["--keep-8bit", "h.0.*"], "applies to weight-only 4-bit (bits 4), not 8-bit weight-only"),
     ]:
         result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"),

@@ -55,8 +55,9 @@ recipe_options = grouped(
     click.option("--embedding-bits", type=click.Choice(["8", "4"]), default=None,
                  help="Weight-only: bits of the tied embedding / LM head.  [default: 8]"),
     click.option("--keep-8bit", "keep_8bit", multiple=True, metavar="PATTERN",
-                 help="Weight-only 4-bit: keep the linears this glob names at 8 bits (repeatable; names like "
-                      "h.3.mlp.c_proj, so '*.mlp.c_proj' is every block's MLP output)."),
+                 help="Weight-only 4-bit: keep the linears this glob names at 8 bits (repeatable; the same names "
+                      "in every family: h.N.attention.{qkv,q,k,v,o}, h.N.mlp.{gate,up,down}, so '*.mlp.down' is "
+                      "every block's MLP output; the graph's own names, e.g. GPT-2's h.3.mlp.c_proj, match too)."),
     click.option("--scale-search", type=click.Choice(SCALE_SEARCHES), default="range", show_default=True,
                  help="Weight-only: each block's scale (and zero point): range, from its min / max (a small clipping "
                       "grid at 4 bits); mse, the least squared error over a wider grid and refits. Same bytes."),
@@ -122,7 +123,7 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         widths = "" if recipe.bits in (8, 16) else f", {recipe.bits}-bit, embedding {recipe.embedding_bits}-bit"
         widths += f", 8-bit {' '.join(recipe.keep_8bit)}" if recipe.keep_8bit else ""
         widths += ", mse scales" if recipe.scale_search == "mse" else ""
-        widths += ", awq" if recipe.awq else ""
+        widths += ", awq" if manifest.quantization.awq else ""  # as applied: a graph with nothing to fold drops it
         widths += ", fp16 activations" if recipe.float16 else ""
         widths += f", {kv_cache} KV cache" if kv_cache != DEFAULT_KV_CACHE else ""
         done = (f"{recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "

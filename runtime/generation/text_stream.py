@@ -8,15 +8,20 @@ until it is known not to be one, so streamed text never has to be taken back.
 The stream is also where each token's place in the text is known (`last_offset`): the length of the text the
 tokens before it decode to, an incomplete character left out. The server's logprobs report it as the
 token's text_offset, so a request's text and its logprobs come from one decoding (docs/serving.md).
+A tokenizer with byte fallback (`<0xE2>`-style tokens, Metaspace BPE) decodes a run of byte tokens as one: a later
+byte that makes the run invalid UTF-8 turns the whole run, ASCII bytes included, into U+FFFD. The text of a
+trailing run of byte tokens is therefore held back until a token that is not a byte ends the run.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from ..modeldir.tokenizer import decode
 
 REPLACEMENT = "\ufffd"
+BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # byte fallback's token for one raw byte
 
 
 class TextStream:
@@ -42,6 +47,10 @@ class TextStream:
             return self._emit(self.final_text)
         if text.endswith(REPLACEMENT):  # an incomplete character: wait for its remaining bytes
             return ""
+        run = self._byte_run()
+        if run:  # the run may still turn to U+FFFD as a whole: only the text before it is settled
+            settled = decode(self.tokenizer, self.ids[:-run])
+            return self._emit(settled[: len(settled) - self._held_back(settled)])
         return self._emit(text[: len(text) - self._held_back(text)])
 
     def flush(self) -> str:
@@ -53,6 +62,17 @@ class TextStream:
     @property
     def text(self) -> str:
         return self.final_text if self.final_text is not None else decode(self.tokenizer, self.ids)
+
+    def _byte_run(self) -> int:
+        """How many of the last ids are byte-fallback tokens (or ids the tokenizer lacks, which decode to nothing
+        and so do not end a run: a model's vocabulary may be padded past its tokenizer's); 0 if the last is neither."""
+        n = 0
+        while n < len(self.ids):
+            token = self.tokenizer.id_to_token(self.ids[-1 - n])
+            if token is not None and not BYTE_TOKEN.fullmatch(token):
+                break
+            n += 1
+        return n
 
     def _stop_position(self, text: str) -> int | None:
         hits = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from ..errors import InvalidArgumentError
-from ..registry import QUANTIZATION_METHODS
+from ..registry import FAMILIES, GPT2_LINEARS, QUANTIZATION_METHODS
 
 # 4-bit defaults, chosen by KL(fp32||int4) on the sample model's held-out excerpt (docs/quantization.md#4-bit-weight-only):
 # an 8-bit tied embedding / LM head halves to quarters the KL for +1 MB; asymmetric blocks of 32 were best.
@@ -26,19 +26,21 @@ ACTIVATION_SCALES = ("per-row", "per-tensor")
 # |max| / 127, 4-bit the range shrunk from both ends together over a small grid; "mse": the least squared error
 # over a wider grid (each end of the range on its own) and least-squares refits (quantize/scale_search.py).
 SCALE_SEARCHES = ("range", "mse")
-# A block's linears as the exporter names them (`h.3.mlp.c_proj.weight`): what --keep-8bit patterns match.
-BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
-def block_linear_names(n_layer: int) -> list[str]:
-    """h.0.attn.c_attn ... h.{n_layer-1}.mlp.c_proj: every block linear's name, less `.weight`."""
-    return [f"h.{i}.{kind}" for i in range(n_layer) for kind in BLOCK_LINEARS]
+def block_linears(n_layer: int, arch: str = "gpt2") -> dict[str, str]:
+    """Every block linear of a model: its graph name (less `.weight`) -> its family-neutral name, as the family's
+    registry line says: GPT-2 'h.3.attn.c_proj' -> 'h.3.attention.o', Llama 'h.3.self_attn.o_proj' -> the same.
+    An arch the registry does not hold (a plugin read before its line is added) has GPT-2's names."""
+    linears = FAMILIES.entry(arch).linears if arch in FAMILIES else GPT2_LINEARS
+    return {f"h.{i}.{graph}": f"h.{i}.{neutral}" for i in range(n_layer) for graph, neutral in linears}
 
 
-def kept_at_8bit(name: str, patterns: tuple[str, ...]) -> bool:
-    """Whether a linear (its name less `.weight`) matches one of a recipe's keep_8bit patterns."""
-    return any(fnmatchcase(name, p) for p in patterns)
-
+def kept_at_8bit(names: str | tuple[str, ...], patterns: tuple[str, ...]) -> bool:
+    """Whether a linear matches one of a recipe's keep_8bit patterns by any of its names: its neutral name
+    (h.3.attention.o) or its graph's (h.3.attn.c_proj, so GPT-2's old patterns keep working)."""
+    names = (names,) if isinstance(names, str) else names
+    return any(fnmatchcase(name, p) for name in names for p in patterns)
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,8 @@ def open_peers(peers: list[str], source: Path, model_dir: Path, threads: int, re
     recipes = recipes or {}
     config = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
     vocab_size = config["vocab_size"]
-    context_length = config.get("n_positions") or config.get("n_ctx")
-    ref_vocab = read_manifest(model_dir).shape.vocab_size
+    ref_shape = read_manifest(model_dir).shape
+    context_length, ref_vocab = ref_shape.context_length, ref_shape.vocab_size  # n_positions / max_position_embeddings
     if vocab_size != ref_vocab:
         raise InvalidArgumentError(f"{source} has a vocabulary of {vocab_size} tokens, the reference {model_dir} "
                                    f"{ref_vocab}: the peers must quantize the reference's own checkpoint")
