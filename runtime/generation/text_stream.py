@@ -8,6 +8,7 @@ until it is known not to be one, so streamed text never has to be taken back.
 The stream is also where each token's place in the text is known (`last_offset`): the length of the text the
 tokens before it decode to, an incomplete character left out. The server's logprobs report it as the
 token's text_offset, so a request's text and its logprobs come from one decoding (docs/serving.md).
+
 A tokenizer with byte fallback (`<0xE2>`-style tokens, Metaspace BPE) decodes a run of byte tokens as one: a later
 byte that makes the run invalid UTF-8 turns the whole run, ASCII bytes included, into U+FFFD. The text of a
 trailing run of byte tokens is therefore held back until a token that is not a byte ends the run.
