@@ -4,7 +4,8 @@
 # --scale-search mse, 4-bit with --awq; one `gptedge compare` table on held-out text (perplexity, KL, top-1
 # agreement: accuracy only, compare's tok/s column is not a measurement). A recipe gptedge refuses on this checkpoint
 # is listed with its one-line refusal instead of a row.
-#   bash benchmarks/run_llama_recipes.sh CHECKPOINT WORK_DIR [TEXT]     (TEXT: samples/eval/persuasion_ch1-7.txt)
+#   bash benchmarks/run_llama_recipes.sh CHECKPOINT WORK_DIR [TEXT]     (TEXT: samples/eval/persuasion_ch1-7.txt;
+#   MAX_TOKENS=N scores only its first N tokens)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CK=${1:?checkpoint}
@@ -28,10 +29,10 @@ recipe dynamic --method dynamic
 recipe static --method static --calibration "$CAL"
 recipe wo8 --method weight-only --bits 8
 recipe wo4 --method weight-only --bits 4
-recipe wo4-kv8 --method weight-only --bits 4 --kv-cache int8
+recipe wo4-kv8 --method weight-only --bits 4 --kv-cache int8 --calibration "$CAL"
 recipe wo4-mse --method weight-only --bits 4 --scale-search mse
 recipe wo4-awq --method weight-only --bits 4 --awq --calibration "$CAL"
-$G compare "${dirs[@]}" --text "$TEXT" --prompts 4 --new-tokens 16 --threads 1 --device cpu \
+$G compare "${dirs[@]}" --text "$TEXT" ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} --prompts 4 --new-tokens 16 --threads 1 --device cpu \
   --markdown "$W/recipes.md" > /dev/null
 cat "$W/recipes.md"
 if [ -s "$W/refused.txt" ]; then printf '\nrefused:\n'; cat "$W/refused.txt"; fi

@@ -291,7 +291,9 @@ def main() -> None:
     model.eval().to("cpu")
     eos_ids = [tok.token_to_id(EOS), tok.token_to_id(IM_END)]
     model.generation_config.bos_token_id = bos
-    model.generation_config.eos_token_id = eos_ids
+    # both files say the list, as Llama 3.1's instruct checkpoints do (transformers reads generation_config.json,
+    # gptedge's export config.json)
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos_ids
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     (args.out / "tokenizer.json").write_bytes(tok_path.read_bytes())
