@@ -32,7 +32,7 @@ recipe wo4 --method weight-only --bits 4
 recipe wo4-kv8 --method weight-only --bits 4 --kv-cache int8 --calibration "$CAL"
 recipe wo4-mse --method weight-only --bits 4 --scale-search mse
 recipe wo4-awq --method weight-only --bits 4 --awq --calibration "$CAL"
-$G compare "${dirs[@]}" --text "$TEXT" ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} --prompts 4 --new-tokens 16 --threads 1 --device cpu \
-  --markdown "$W/recipes.md" > /dev/null
+$G compare "${dirs[@]}" --text "$TEXT" ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} --prompts 4 --new-tokens 16 \
+  --threads 1 --device cpu --markdown "$W/recipes.md" > /dev/null
 cat "$W/recipes.md"
 if [ -s "$W/refused.txt" ]; then printf '\nrefused:\n'; cat "$W/refused.txt"; fi

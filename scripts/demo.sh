@@ -26,7 +26,7 @@ $G compare "$OUT/fp32" "$OUT/int8-dynamic" "$OUT/int8-static" "$OUT/int8-weight-
   --text samples/eval/persuasion_ch1-7.txt --markdown "$OUT/compare.md" --plot "$OUT/compare.png"
 
 # The Llama sample (samples/sample-llama: GQA, untied head, its own byte-fallback BPE, a ChatML template).
-step "export samples/sample-llama -> $OUT/llama-fp32 (validated against transformers' LlamaForCausalLM)"
+step "export samples/sample-llama -> $OUT/llama-fp32 (validated against the PyTorch reference)"
 $G export samples/sample-llama -o "$OUT/llama-fp32" --force
 step "quantize the Llama sample: weight-only INT8 and 4-bit (MatMulNBits, blocks of 32)"
 $G quantize "$OUT/llama-fp32" -o "$OUT/llama-int8" --method weight-only --force
@@ -35,7 +35,7 @@ step "generate from the Llama sample's 4-bit variant; the prompt: $PROMPT"
 $G generate "$OUT/llama-int4" -p "$PROMPT" -n 60 --top-k 40 --temperature 0.8 --seed 0 --device cpu
 step "compare the Llama sample's variants on the same held-out text"
 $G compare "$OUT/llama-fp32" "$OUT/llama-int8" "$OUT/llama-int4" --text samples/eval/persuasion_ch1-7.txt \
-  --prompts 4 --markdown "$OUT/compare-llama.md"
+  --max-tokens 8192 --prompts 4 --markdown "$OUT/compare-llama.md"
 step "one chat turn through gptedge serve (POST /v1/chat/completions, the checkpoint's own chat template)"
 PORT=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 $G serve "$OUT/llama-int8" --port "$PORT" --device cpu --max-batch 1 2> "$OUT/serve.log" &
