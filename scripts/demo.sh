@@ -38,7 +38,7 @@ $G compare "$OUT/llama-fp32" "$OUT/llama-int8" "$OUT/llama-int4" --text samples/
   --max-tokens 8192 --prompts 4 --markdown "$OUT/compare-llama.md"
 step "one chat turn through gptedge serve (POST /v1/chat/completions, the checkpoint's own chat template)"
 PORT=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-$G serve "$OUT/llama-int8" --port "$PORT" --device cpu --max-batch 1 2> "$OUT/serve.log" &
+$G serve "$OUT/llama-int8" --port "$PORT" --device cpu --max-batch 1 --model-name llama-sample 2> "$OUT/serve.log" &
 SERVER=$!
 trap 'kill "$SERVER" 2> /dev/null || true' EXIT  # no server left behind, whatever fails below
 .venv/bin/python - "$PORT" <<'CHAT'
@@ -53,9 +53,13 @@ for _ in range(120):  # the server loads the model first
 else:
     sys.exit("gptedge serve did not come up: see serve.log")
 messages = [{"role": "user", "content": "Will you walk with me to Highbury this morning?"}]
-body = json.dumps({"messages": messages, "max_tokens": 60, "temperature": 0.8, "top_p": 0.95, "seed": 0}).encode()
+body = json.dumps({"model": "llama-sample", "messages": messages, "max_tokens": 60, "temperature": 0.8, "top_p": 0.95,
+                   "seed": 0}).encode()
 request = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
-reply = json.load(urllib.request.urlopen(request, timeout=60))
+try:
+    reply = json.load(urllib.request.urlopen(request, timeout=60))
+except urllib.error.HTTPError as e:
+    sys.exit(f"POST /v1/chat/completions: {e.code} {e.read().decode(errors='replace')}")
 print("user:     ", messages[0]["content"])
 print("assistant:", reply["choices"][0]["message"]["content"], f"[{reply['choices'][0]['finish_reason']}]")
 CHAT
