@@ -3,7 +3,7 @@
 # recipe (samples/train_sample_llama.py's defaults: the same shape and steps) trained on the King James Bible from
 # Genesis to 2 Peter, holding out 1 John to Revelation (the file's last 620 lines, from "1 John 1") as its eval text;
 # then every recipe's KL on it (benchmarks/run_llama_recipes.sh). Not shipped: the weights stay in WORK_DIR.
-#   bash benchmarks/run_llama_kjv.sh KJV_TXT WORK_DIR [train_sample_llama.py's options, e.g. --device cuda]
+#   bash benchmarks/run_llama_kjv.sh KJV_TXT WORK_DIR [train_sample_llama.py's options, e.g. --steps 200]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KJV=${1:?the KJV text (kjv.txt)}

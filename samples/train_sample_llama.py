@@ -204,7 +204,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on cores other jobs share, two threads spend their time waiting on "
                          "each other)")
-    ap.add_argument("--device", default="cpu", help="cpu, or cuda (deterministic too, not bit-identical to cpu)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the shipped sample was trained on cpu)")
     ap.add_argument("--save-every", type=int, default=50)
     ap.add_argument("--max-minutes", type=float, default=60.0, help="stop (and save) when this budget is spent")
     args = ap.parse_args()
