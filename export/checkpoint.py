@@ -45,11 +45,25 @@ def read_config(source: Path) -> GPTConfig:
     if not source.is_dir():
         raise CheckpointError(f"{source}: not a directory")
     try:
-        return read_hf_config(json.loads(path.read_text(encoding="utf-8")))
+        return read_hf_config(_with_generation_eos(source, json.loads(path.read_text(encoding="utf-8"))))
     except FileNotFoundError:
         raise CheckpointError(f"{source}: no config.json") from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def _with_generation_eos(source: Path, config: dict) -> dict:
+    """config.json's dict with generation_config.json's end-of-sequence ids where that file lists several: what
+    transformers' generate() stops at (Qwen2.5-Instruct's config.json names <|endoftext|> alone, its
+    generation_config.json also <|im_end|>)."""
+    path = source / "generation_config.json"
+    try:
+        ids = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        raise CheckpointError(f"{path}: not a JSON object") from None
+    if isinstance(ids, list) and len(ids) > 1 and isinstance(config, dict):
+        return {**config, "eos_token_id": ids}
+    return config
 
 
 def weights_file(source: Path) -> Path:

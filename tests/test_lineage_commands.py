@@ -189,3 +189,12 @@ def test_continuous_batch_rows_moving_along_the_buffer_keep_their_positions(cli_
     assert all(c.finished() for c in got)
     engine.stop(grace_s=1)
     assert [c.last.generation.ids for c in got] == solo
+
+
+def test_eos_ids_listed_in_generation_config_only_are_read(tmp_path):
+    """A checkpoint whose config.json names one end-of-sequence id and whose generation_config.json lists two (as
+    Qwen2.5-Instruct ships): export takes the list, as transformers' generate() stops at either."""
+    source = write_variant_checkpoint(tmp_path / "ckpt", "gqa2-linear", tokenizer=False, eos=2)
+    (source / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 7]}))
+    manifest = export_checkpoint(source, tmp_path / "model", validate=False)
+    assert manifest.eos_id == 2 and manifest.eos_ids == (2, 7)
