@@ -50,7 +50,7 @@ except Exception as e:
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 say "CUDA tests"
-timeout 300 python3 -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider -s ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
+timeout 300 python3 -m pytest -q -m cuda tests/cuda/test_cuda.py -p no:cacheprovider -s ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
   | tail -25 | tee "$OUT/tests.txt"
 if [ -n "${ENGINES-x}" ]; then
   say "benchmark"

@@ -9,7 +9,7 @@ W (N, K), i.e. the transpose of a MatMul's (K, N) initializer:
 - zero_points (asymmetric only): uint8 (N, ceil((K/bs)/2)), the zero points of one row's blocks
   packed the same way (low nibble first); absent means 8 for every block.
 
-A weight dequantizes as (q - zero_point) * scale. tests/test_int4.py checks a MatMulNBits node
+A weight dequantizes as (q - zero_point) * scale. tests/quantize/test_int4.py checks a MatMulNBits node
 against `dequantize_4bit` followed by a numpy matmul: that test is the oracle for this packing.
 """
 

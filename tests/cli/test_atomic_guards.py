@@ -10,6 +10,7 @@ import os
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,53 @@ def test_a_scratch_dir_is_marked_and_always_removed(tmp_path):
         with scratch_dir(tmp_path / "b" / "out") as tmp:
             raise RuntimeError("boom")
     assert not tmp.exists() and (tmp_path / "b").is_dir()
+
+
+# --- gptedge.atomic on its own: the sweep, a failed output, --force ---------------------------------------
+
+
+def test_sweep_keeps_live_and_unmarked_partials_and_restores_an_interrupted_replace(tmp_path):
+    from gptedge.atomic import MARKER, sweep_stale
+
+    out = tmp_path / "out"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(60)
+    mine = {"pid": os.getpid(), "host": os.uname().nodename}
+    gone = {"pid": dead.pid, "host": os.uname().nodename}
+    # names as tempfile.mkdtemp makes them: the prefix, then 8 random characters
+    for name, owner in ((".out.partial-live0000", mine), (".out.partial-dead0000", gone), (".out.old-dead0000", gone)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / MARKER).write_text(json.dumps(owner))
+    (tmp_path / ".out.partial-unmarked").mkdir()
+    (tmp_path / ".out.old-dead0000" / "out").mkdir()  # killed between renaming OUT aside and the new one in
+    (tmp_path / ".out.old-dead0000" / "out" / "gptedge.json").write_text("{}")
+    swept = sweep_stale(out)
+    assert sorted(p.name for p in swept) == [".out.old-dead0000", ".out.partial-dead0000"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.partial-live0000", ".out.partial-unmarked", "out"]
+    assert (out / "gptedge.json").read_text() == "{}"
+
+
+def test_failed_output_removes_the_folders_made_for_it(tmp_path):
+    from gptedge.atomic import atomic_output_dir
+
+    with pytest.raises(RuntimeError), atomic_output_dir(tmp_path / "a" / "b" / "out") as tmp:
+        (tmp / "model.onnx").write_bytes(b"x")
+        raise RuntimeError("validation failed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_force_replaces_a_gptedge_dir_or_an_empty_one(tmp_path, monkeypatch):
+    from gptedge.atomic import atomic_output_dir
+    from gptedge.runtime.modeldir.manifest import Manifest, ModelShape
+
+    monkeypatch.chdir(tmp_path)
+    for existing in ("empty", "model"):
+        out = tmp_path / existing
+        out.mkdir()
+        if existing == "model":  # a manifest that parses (a file named gptedge.json alone is not enough)
+            (out / "gptedge.json").write_text(json.dumps(Manifest(shape=ModelShape("gpt2", 1, 1, 1, 1, 1)).to_dict()))
+        with atomic_output_dir(out, force=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+        assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+        assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~_umask()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "model"]

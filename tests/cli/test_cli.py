@@ -6,26 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from gptedge import __version__
 from gptedge.cli import main
 from gptedge.runtime.generation.sampling import SamplingParams
 
-
-@pytest.fixture
-def runner():
-    return CliRunner()
-
-
-def one_line_error(result) -> str:
-    assert result.exit_code != 0
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("Error: ")]
-    # Exactly one error line, last; before it at most the load diagnostic, never a traceback.
-    assert len(errors) == 1 and lines[-1] == errors[0] and len(lines) <= 2, result.output
-    assert "Traceback" not in result.output
-    return errors[0]
+from ..support.cli import one_line_error
 
 
 def test_help_and_version(runner):
@@ -79,7 +65,7 @@ def test_info_shows_manifest_and_providers(runner, gpt2_model_dir):
     assert "CPUExecutionProvider" in out["providers_available"] and out["providers_used"] == ["CPUExecutionProvider"]
 
 
-# Bad input (docs/design.md#failures-and-bad-input) is in test_bad_invocations.py, through the real command in a subprocess.
+# Bad input (docs/design.md#failures-and-bad-input) is in tests/cli/test_bad_*.py, through the real command in a subprocess.
 
 
 # --- every option reaches the library (docs/design.md#the-parity-ladder: a test that fails when an option is ignored) -------------
@@ -316,21 +302,27 @@ def test_verbose_logs_progress(gpt2_model_dir, tmp_path):
     assert "INFO gptedge" not in quiet.stderr and "INFO gptedge.runtime" in loud.stderr
 
 
+# The test files that count for test_every_option_is_tested: where each command's options are
+# exercised (--markdown / --plot: the real compare run in test_eval_compare; --precision: test_fp16; serve: the real
+# server in test_serve and test_serve_hostile; pack: test_pack_web / test_pack_mobile; serve --web:
+# test_serve_playground; verify: test_model_integrity; classify and export --task: test_classify_cli; compare
+# --labelled: test_classify_compare; quantize --keep-8bit: test_int4_mixed; serve --chat-template: test_serve_chat;
+# quantize --scale-search / --awq: test_quantizers; --max-kl / --prefer: test_recipe_search).
+OPTION_TESTS = ["tests/cli/test_cli.py", "tests/measure/test_eval_compare.py", "tests/serve/test_serve.py",
+                "tests/quantize/test_fp16.py", "tests/web/test_pack_web.py", "tests/web/test_pack_mobile.py",
+                "tests/serve/test_serve_playground.py", "tests/serve/test_serve_hostile.py",
+                "tests/modeldir/test_model_integrity.py", "tests/families/test_classify_cli.py",
+                "tests/measure/test_classify_compare.py", "tests/quantize/test_int4_mixed.py",
+                "tests/serve/test_serve_chat.py", "tests/quantize/test_quantizers.py",
+                "tests/quantize/test_recipe_search.py"]
+
+
 def test_every_option_is_tested():
-    """Each command's options appear in these tests (--markdown / --plot: the real compare run in test_eval_compare; --precision: test_fp16;
-    serve: the real server in test_serve and test_serve_hostile; pack: test_pack_web / test_pack_mobile; serve --web:
-    test_serve_playground; verify: test_model_integrity; classify and export --task: test_classify_cli; compare --labelled:
-    test_classify_compare; quantize --keep-8bit: test_int4_mixed; serve --chat-template: test_serve_chat; quantize --scale-search / --awq: test_quantizers; --max-kl / --prefer: test_recipe_search)."""
+    """Each command's options appear, quoted, in one of the OPTION_TESTS files."""
     from pathlib import Path
 
-    here = Path(__file__).parent
-    source = "".join((here / name).read_text() for name in ("test_cli.py", "test_eval_compare.py", "test_serve.py",
-                                                                     "test_fp16.py", "test_pack_web.py",
-                                                                     "test_pack_mobile.py", "test_serve_playground.py",
-                                                                     "test_serve_hostile.py", "test_model_integrity.py",
-                                                                     "test_classify_cli.py", "test_classify_compare.py",
-                                                                     "test_int4_mixed.py", "test_serve_chat.py",
-                                                                     "test_quantizers.py", "test_recipe_search.py"))
+    root = Path(__file__).resolve().parents[2]
+    source = "".join((root / name).read_text() for name in OPTION_TESTS)
     for name, command in main.commands.items():
         for param in command.params:
             if isinstance(param, __import__("click").Option):

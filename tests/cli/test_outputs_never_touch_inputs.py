@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_bad_invocations import Row, error_line, inputs, place, run_cli, snapshot, work  # noqa: F401 (fixtures)
+from ..support.cli import error_line, run_cli
+from ..support.invocations import Row, place, snapshot
 
 
 def _calibration_inside_out(w: Path) -> None:
@@ -67,7 +68,7 @@ ROWS = [
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
-def test_output_never_touches_an_input(row: Row, inputs, work):  # noqa: F811 (fixtures)
+def test_output_never_touches_an_input(row: Row, inputs, work):
     place(work, inputs, *row.uses)
     if row.setup:
         row.setup(work)
@@ -78,7 +79,7 @@ def test_output_never_touches_an_input(row: Row, inputs, work):  # noqa: F811 (f
     assert snapshot(work) == before
 
 
-def test_force_still_replaces_what_gptedge_wrote(inputs, work):  # noqa: F811
+def test_force_still_replaces_what_gptedge_wrote(inputs, work):
     """The guard is not a refusal of every --force: a dir holding a real manifest is replaced."""
     place(work, inputs, "m")
     _copy_manifest_into("old")(work)

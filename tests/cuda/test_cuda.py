@@ -19,7 +19,7 @@ from gptedge.runtime.graphs.session import CUDA_PROVIDER, available_providers
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(CUDA_PROVIDER not in available_providers(),
                                                    reason="no CUDA execution provider in this onnxruntime")]
 
-SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "sample-model"
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "sample-model"
 PROMPTS = ["It is a truth universally acknowledged, that", "The", "Mr. Darcy walked into the room and"]
 
 
@@ -137,7 +137,7 @@ def test_the_engine_on_cuda_serves_from_device_slots_as_generate(dirs):
     from gptedge.runtime.serving.engine import CompletionRequest, Engine
     from gptedge.runtime.generation.sampling import SamplingParams
 
-    from .test_engine import Collector
+    from ..support.engine import Collector
 
     model = load(dirs["fp16-kv_buffer"], device="cuda")
     prompts = [model.encode(p) for p in PROMPTS] * 3

@@ -1,7 +1,7 @@
 """The CUDA-graph decoder (runtime/graphs/cuda_graph.py) on the CPU: the same fixed buffers, context-wide mask and
 two kinds of run as on a GPU, through the one CPU session, against the ordinary kv_buffer path.
 
-What only a GPU shows (the capture itself, its speed) is in tests/test_cuda.py, skipped without CUDA.
+What only a GPU shows (the capture itself, its speed) is in tests/cuda/test_cuda.py, skipped without CUDA.
 """
 
 from __future__ import annotations

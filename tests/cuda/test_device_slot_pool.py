@@ -74,12 +74,12 @@ def test_the_engine_through_the_device_slot_pool_gives_solo_greedy_results(model
     from gptedge.runtime.serving.engine import CompletionRequest, Engine
     from gptedge.runtime.generation.sampling import SamplingParams
 
-    from .test_engine import Collector, _requests
+    from ..support.engine import Collector, staggered_requests
 
     served = load(model.model_dir, device="cpu")
     served.variant.sequence_pool = lambda capacity, max_length: _device_pool(served, capacity)
     requests = [CompletionRequest(r.prompt_ids, r.max_new_tokens, sampling=SamplingParams(greedy=True), stop=r.stop)
-                for r in _requests(served, 10)]
+                for r in staggered_requests(served, 10)]
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, greedy=True) for r in requests]
     engine = Engine(served, max_batch=3, max_queue=16, prefill_chunk=4).start()
     assert isinstance(engine.pool, DeviceSlotPool)

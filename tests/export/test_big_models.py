@@ -17,7 +17,7 @@ from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.quantize.rewrite import Rewrite
 from gptedge.runtime import load
 
-from .conftest import EXCERPT, tiny_reference, write_checkpoint
+from ..support.checkpoints import EXCERPT, tiny_reference, write_checkpoint
 
 
 def external_offsets(model_path) -> dict[str, int]:

@@ -15,7 +15,7 @@ from gptedge.runtime import load
 from gptedge.runtime.errors import OutputExistsError, ParityError
 from gptedge.runtime.modeldir.manifest import Manifest, ModelShape
 
-from .conftest import tiny_reference
+from ..support.checkpoints import tiny_reference
 
 
 GRAPHS = [("gpt2", "standard", True), ("gpt2", "standard", False), ("gpt2", "kv_buffer", True),

@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, tiny_config, write_checkpoint
+from ..support.checkpoints import ROOT, tiny_config, write_checkpoint
 
 og = pytest.importorskip("onnxruntime_genai")  # the `test` extra installs it; only a bare install skips
 pytestmark = pytest.mark.interop  # another engine (ONNX Runtime GenAI) on gptedge's dirs

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import tiny_reference, write_checkpoint
+from ..support.checkpoints import tiny_reference, write_checkpoint
 
 REV_A = "a" * 40
 REV_B = "b" * 40
@@ -129,7 +129,7 @@ def test_only_export_files_are_asked_for_and_token_is_passed(hub, tmp_path, monk
 
 def test_task_head_exports_from_a_hub_id(hub, tmp_path):
     """export --task takes a Hub id as the LM export does: the cached snapshot is read and recorded."""
-    from tests.task_checkpoints import make_checkpoint
+    from ..support.task_checkpoints import make_checkpoint
 
     repo = hub / "hub" / "models--org--tiny-entail"
     make_checkpoint("gpt2-seq", repo / "snapshots" / REV_A)

@@ -10,7 +10,7 @@ import torch
 from gptedge.export.exporter import export_checkpoint
 from gptedge.runtime import load
 
-from .conftest import copy_gpt2_tokenizer
+from ..support.checkpoints import copy_gpt2_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.interop

@@ -10,7 +10,7 @@ from gptedge.export.families import family, hf_config, read_hf_config
 from gptedge.export.reference import reference_positions
 from gptedge.runtime.generation.generation import positions
 
-from .conftest import tiny_reference
+from ..support.checkpoints import tiny_reference
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,7 +7,7 @@ import pytest
 from gptedge.export.tokenizer_files import byte_level_bpe, write_tokenizer
 from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE, decode, encode, has_tokenizer, load_tokenizer
 
-from .conftest import GPT2_TOKENIZER, copy_gpt2_tokenizer
+from ..support.checkpoints import GPT2_TOKENIZER, copy_gpt2_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from gptedge.export.validate import (GRAPH_TOLERANCE, compare_graph_outputs, com
 from gptedge.runtime.errors import ParityError
 from gptedge.runtime.modeldir.manifest import GraphParity, GreedyParity
 
-from .conftest import tiny_config, tiny_reference
+from ..support.checkpoints import tiny_config, tiny_reference
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from gptedge import runtime
 from gptedge.cli import main
 from gptedge.runtime.classify import Classifier
 
-from .test_cli import one_line_error
+from ..support.cli import one_line_error
 
 pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.interop
-
-
-@pytest.fixture
-def runner():
-    return CliRunner()
 
 
 def run_json(runner, *args) -> list[dict]:
@@ -159,7 +153,7 @@ def test_bad_export_task_invocations_are_one_line(runner, task_checkpoints, tmp_
 ])
 def test_heads_that_are_not_one_softmax_are_refused(runner, tmp_path, overrides, says):
     """A regression score (STS-B's similarity) or independent sigmoids would be read as a softmax: refused."""
-    from .task_checkpoints import make_checkpoint
+    from ..support.task_checkpoints import make_checkpoint
 
     ck = make_checkpoint("gpt2-seq", tmp_path / "ck", **overrides)
     result = runner.invoke(main, ["export", str(ck), "-o", str(tmp_path / "o"), "--task", "similarity"])

@@ -16,7 +16,7 @@ from gptedge.cli import main
 from gptedge.export.exporter import export_checkpoint
 from gptedge.export.tokenizer_config import adds_bos
 
-from .lineage_checkpoints import variant_model, write_tokenizer, write_variant_checkpoint
+from ..support.lineage_checkpoints import variant_model, write_tokenizer, write_variant_checkpoint
 
 PROMPT = "hello world, it is the end"
 
@@ -174,7 +174,7 @@ def test_continuous_batch_rows_moving_along_the_buffer_keep_their_positions(cli_
     from gptedge.runtime.serving.engine import CompletionRequest, Engine
     from gptedge.runtime.generation.sampling import SamplingParams
 
-    from .test_engine import Collector
+    from ..support.engine import Collector
 
     model = runtime.load(cli_model, device="cpu")
     rng = np.random.default_rng(4)

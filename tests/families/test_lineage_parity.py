@@ -1,5 +1,5 @@
 """The parity ladder on GPT-2's descendants, every rung against transformers' own model on tiny seeded
-checkpoints it wrote (tests/lineage_checkpoints.py): the Llama-style family (export/llama.py: GQA ratios 1, 2,
+checkpoints it wrote (tests/support/lineage_checkpoints.py): the Llama-style family (export/llama.py: GQA ratios 1, 2,
 4, rope scalings none / linear / llama3, tied and untied heads, biases on and off) and GPT-NeoX
 (export/gpt_neox.py: partial rotary, parallel and sequential residual, tied and untied).
 
@@ -21,8 +21,8 @@ from gptedge.export.checkpoint import load_checkpoint
 from gptedge.export.exporter import export_checkpoint
 from gptedge.runtime.generation.generation import positions
 
-from .lineage_checkpoints import VARIANTS, VOCAB, variant_model, write_variant_checkpoint
-from .test_beam_search import assert_same, transformers_beams
+from ..support.lineage_checkpoints import VARIANTS, VOCAB, variant_model, write_variant_checkpoint
+from ..support.beams import assert_same, transformers_beams
 
 GRAPHS = ("standard", "kv_buffer")
 PROMPTS = ([5, 77, 140, 9, 300], [12], [200, 3, 3, 45, 61, 99, 250, 17, 8])

@@ -14,8 +14,8 @@ import torch
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
 
-from .test_beam_search import assert_same, transformers_beams
-from .test_int4 import fake_quantized
+from ..support.beams import assert_same, transformers_beams
+from ..support.quant import fake_quantized
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,14 +6,13 @@ without --task is refused in one line, or exported as its LM with --task lm."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from .conftest import GPT2_VOCAB, copy_gpt2_tokenizer
-from .task_checkpoints import make_checkpoint
+from ..support.checkpoints import GPT2_VOCAB, copy_gpt2_tokenizer
+from ..support.cli import run_gptedge
+from ..support.task_checkpoints import make_checkpoint
 
 TEXTS = ["A man sleeps.", "Nobody is awake, and the night is long", "Hi<|endoftext|>", "<|endoftext|>"]
 
@@ -40,7 +39,7 @@ def test_classify_equals_transformers_on_a_plain_checkpoint(tmp_path, pad):
     from gptedge.runtime import load_classifier
     from gptedge.runtime.modeldir.tasks import READS_LAST, READS_LAST_NON_PAD
 
-    from .task_checkpoints import hf_model
+    from ..support.task_checkpoints import hf_model
 
     ck = plain_checkpoint(tmp_path / "ck", pad)
     manifest = export_task(ck, tmp_path / "out")
@@ -65,17 +64,13 @@ def test_classify_equals_transformers_on_a_plain_checkpoint(tmp_path, pad):
         np.testing.assert_allclose([r.probabilities for r in got], want, atol=2e-5)
 
 
-def gptedge(*args):
-    return subprocess.run([sys.executable, "-m", "gptedge.cli", *args], capture_output=True, text=True, timeout=600)
-
-
 def test_a_head_checkpoint_without_task_is_refused_unless_task_lm(tmp_path):
     ck = plain_checkpoint(tmp_path / "ck", 50256)
-    done = gptedge("export", str(ck), "-o", str(tmp_path / "out"))
+    done = run_gptedge("export", str(ck), "-o", str(tmp_path / "out"))
     assert done.returncode == 2 and "is a GPT2ForSequenceClassification checkpoint" in done.stderr, done.stderr
     assert "--task lm" in done.stderr and not (tmp_path / "out").exists()
-    done = gptedge("export", str(ck), "-o", str(tmp_path / "lm"), "--task", "lm")
+    done = run_gptedge("export", str(ck), "-o", str(tmp_path / "lm"), "--task", "lm")
     assert done.returncode == 0, done.stderr
-    done = gptedge("export", str(ck), "-o", str(tmp_path / "clf"), "--task", "classification")
+    done = run_gptedge("export", str(ck), "-o", str(tmp_path / "clf"), "--task", "classification")
     assert done.returncode == 0, done.stderr
     shutil.rmtree(tmp_path / "lm")

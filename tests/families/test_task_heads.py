@@ -15,7 +15,7 @@ from gptedge.runtime import load, load_classifier
 from gptedge.runtime.errors import CheckpointError, ModelDirError
 from gptedge.runtime.modeldir.tasks import article
 
-from .task_checkpoints import EXPORTS, HEADS, LABELS, hf_model, make_checkpoint
+from ..support.task_checkpoints import EXPORTS, HEADS, LABELS, hf_model, make_checkpoint
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

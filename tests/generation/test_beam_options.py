@@ -1,6 +1,6 @@
 """Beam search's options where they matter (issue #28): a model peaked enough that every beam finishes early, so
 early_stopping True, False and "never" part ways, each against transformers' generate(num_beams=...) as the README
-promises; and each option's refusal. tests/test_beam_search.py covers the near-uniform tiny model."""
+promises; and each option's refusal. tests/generation/test_beam_search.py covers the near-uniform tiny model."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from gptedge.runtime import load
 from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.generation.beam_search import BeamOptions
 
-from .conftest import built_once, tiny_reference, write_checkpoint
-from .test_beam_search import assert_same, transformers_beams
+from ..support.checkpoints import built_once, tiny_reference, write_checkpoint
+from ..support.beams import assert_same, transformers_beams
 
 EOS = 1
 PROMPTS = [[3, 4, 5], [7]]

@@ -15,7 +15,7 @@ from gptedge.runtime.generation.sampling import SamplingParams, select_token, so
 from gptedge.runtime.generation.text_stream import TextStream
 from gptedge.runtime.modeldir.tokenizer import decode, encode, load_tokenizer
 
-from .conftest import ROOT
+from ..support.checkpoints import ROOT
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -10,7 +10,6 @@ import shutil
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from gptedge.cli import main
 from gptedge.measure.classify_compare import compare_classifiers, read_labelled
@@ -18,14 +17,14 @@ from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load_classifier
 from gptedge.runtime.errors import InvalidArgumentError
 
-from .conftest import EXCERPT
-from .test_cli import one_line_error
+from ..support.checkpoints import EXCERPT
+from ..support.cli import one_line_error
 
 pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.interop
 
-LABELS = ["contradiction", "neutral", "entailment"]  # tests/task_checkpoints.LABELS, in index order
+LABELS = ["contradiction", "neutral", "entailment"]  # tests/support/task_checkpoints.LABELS, in index order
 
 
 def sentences() -> list[str]:
@@ -64,11 +63,6 @@ def dirs(task_dirs, tmp_path_factory) -> dict:
         out[name + "-q"] = root / (name + "-q")
         quantize_model_dir(task_dirs[name], out[name + "-q"], recipe, calibration_text=text)
     return out
-
-
-@pytest.fixture
-def runner():
-    return CliRunner()
 
 
 def compare_json(runner, *args) -> list[dict]:

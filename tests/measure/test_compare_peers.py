@@ -22,7 +22,7 @@ from gptedge.measure.frontier import dominates, dominators, pareto_front
 from gptedge.measure.peers.base import Greedy, decode_rate, timed_greedy
 from gptedge.measure.peers.score import open_peers, unavailable
 
-from .conftest import EXCERPT, tiny_reference, write_checkpoint
+from ..support.checkpoints import EXCERPT, tiny_reference, write_checkpoint
 
 RECIPES = {"ctranslate2": ("float32", "int8", "int8_float32"), "optimum": ("fp32", "int8")}
 

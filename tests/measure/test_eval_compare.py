@@ -16,7 +16,7 @@ from gptedge.runtime.generation.evaluate import perplexity, sliding_windows
 from gptedge.runtime.modeldir.manifest import read_manifest
 from gptedge.runtime.modeldir.model_files import FileRecord
 
-from .conftest import EXCERPT, reference_perplexity
+from ..support.checkpoints import EXCERPT, reference_perplexity
 
 
 @pytest.mark.parametrize("n, context, stride", [(2, 4, 2), (10, 4, 2), (1000, 128, 64), (257, 128, 128), (300, 128, 1)])

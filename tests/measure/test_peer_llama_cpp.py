@@ -24,7 +24,7 @@ from gptedge.measure.peers.llama_cpp import CONVERTER, SOURCE_ENV, converter_sou
 from gptedge.measure.peers.score import open_peers, unavailable
 from gptedge.runtime.errors import PeerError
 
-from .conftest import EXCERPT, ROOT, tiny_reference, write_checkpoint
+from ..support.checkpoints import EXCERPT, ROOT, tiny_reference, write_checkpoint
 
 # --- finding the converter (no llama_cpp needed) -----------------------------------------------------------
 

@@ -12,7 +12,7 @@ from gptedge.runtime.modeldir.chat_template import (ChatTemplateError, check_mes
                                                     render_chat, special_tokens)
 from gptedge.runtime.errors import InvalidArgumentError
 
-from .conftest import ROOT
+from ..support.checkpoints import ROOT
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'"
           " + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")

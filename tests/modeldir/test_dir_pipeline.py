@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,8 @@ from gptedge.runtime.errors import GptEdgeError, ModelDirError
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from gptedge.runtime.verify import FAIL, WARN, verify_model_dir
 
-from .conftest import tiny_reference, write_checkpoint
+from ..support.checkpoints import tiny_reference, write_checkpoint
+from ..support.cli import run_gptedge
 
 
 def copy(src: Path, tmp_path: Path, name: str = "d") -> Path:
@@ -36,10 +35,6 @@ def edit_json(path: Path, change) -> None:
 
 def fails(d: Path) -> list[str]:
     return [f.line for f in verify_model_dir(d, device="cpu") if f.status == FAIL]
-
-
-def gptedge(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gptedge.cli", *args], capture_output=True, text=True, timeout=600)
 
 
 def flip_weight_byte(d: Path) -> None:
@@ -104,7 +99,7 @@ def test_pack_refuses_a_dir_that_fails_the_pipeline(sample_recipe_dirs, tmp_path
     assert check_model_dir(d).precision == "fp32"  # as exported, it passes
     breakage(d, sample_recipe_dirs)
     out = tmp_path / "out"
-    done = gptedge("pack", str(d), "--target", target, "-o", str(out), *(["--no-page"] if target == "web" else []))
+    done = run_gptedge("pack", str(d), "--target", target, "-o", str(out), *(["--no-page"] if target == "web" else []))
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.startswith("Error: ") and says in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
         done.stderr
@@ -127,9 +122,9 @@ def test_pack_refuses_two_checkpoints_in_one_site(gpt2_model_dir, other_checkpoi
 
 def test_pack_of_an_ort_format_dir_is_one_line(sample_recipe_dirs, tmp_path):
     mobile = tmp_path / "ort"
-    assert gptedge("pack", str(sample_recipe_dirs["dynamic"]), "--target", "mobile", "-o", str(mobile)).returncode == 0
+    assert run_gptedge("pack", str(sample_recipe_dirs["dynamic"]), "--target", "mobile", "-o", str(mobile)).returncode == 0
     for target, says in (("web", "is in the ORT format"), ("mobile", "is already in the ORT format")):
-        done = gptedge("pack", str(mobile), "--target", target, "-o", str(tmp_path / target),
+        done = run_gptedge("pack", str(mobile), "--target", target, "-o", str(tmp_path / target),
                        *(["--no-page"] if target == "web" else []))
         assert done.returncode == 1 and says in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -105,7 +105,7 @@ def test_values_of_the_right_type_pass_and_round_trip(written, tmp_path):
     assert m.eos_id is None and isinstance(m.inputs, tuple) and isinstance(m.parity.graph_vs_reference.index, tuple)
     q = Manifest.from_dict(edited(written, "quantization", {"method": "dynamic", "quantized_nodes": {"MatMul": 4}}))
     assert q.quantization.quantized_nodes == {"MatMul": 4} and q.quantization.bits == 8
-    # write_manifest also records the model files' sizes and hashes (tests/test_model_integrity.py); the JSON itself
+    # write_manifest also records the model files' sizes and hashes (tests/modeldir/test_model_integrity.py); the JSON itself
     # round-trips through to_dict / read_manifest
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(m.to_dict()))
     assert read_manifest(tmp_path) == m and read_manifest(tmp_path).to_dict() == m.to_dict()

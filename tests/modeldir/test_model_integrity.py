@@ -20,7 +20,7 @@ from gptedge.runtime.errors import ModelDirError
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest, write_manifest
 from gptedge.runtime.modeldir.model_files import FileRecord, check_records, record_problems
 
-from .conftest import ROOT, tiny_reference, write_checkpoint
+from ..support.checkpoints import ROOT, tiny_reference, write_checkpoint
 
 SAMPLE_TOKENIZER = ROOT / "samples" / "sample-model" / "tokenizer.json"  # 8,192 tokens
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CITED_KINDS = (".py", ".md", ".sh", ".toml", ".yml", ".yaml")
 
 def build(root: Path, site: Path) -> subprocess.CompletedProcess:

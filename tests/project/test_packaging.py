@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"gptedge": "gptedge", "gptedge.export": "export", "gptedge.runtime": "runtime",
            "gptedge.quantize": "quantize"}
 

@@ -1,6 +1,6 @@
 """A new family, quantization method, graph variant or peer engine is one module plus one line.
 
-The module is tests/toy_members.py; the line is each test's `register` (what a line in runtime/registry.py
+The module is tests/support/toy_members.py; the line is each test's `register` (what a line in runtime/registry.py
 or gptedge/measure/peers/__init__.py does). Registered, the toy is a CLI choice, passes the manifest check, runs,
 and `gptedge info` lists it; unregistered, the same command line or manifest is refused in one line.
 """
@@ -11,7 +11,6 @@ import json
 import shutil
 
 import pytest
-from click.testing import CliRunner
 
 from gptedge.cli import main
 from gptedge.measure.peers import PEERS, PeerEntry
@@ -21,19 +20,14 @@ from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 from gptedge.runtime.registry import (FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS, Entry, FamilyEntry, GraphEntry,
                                       MethodEntry, Registry)
 
-from .conftest import tiny_reference, write_checkpoint
-from .toy_members import TOY_ARCH, TOY_GRAPH, TOY_METHOD, TOY_PEER, ToyGraph
+from ..support.checkpoints import tiny_reference, write_checkpoint
+from ..support.toy_members import TOY_ARCH, TOY_GRAPH, TOY_METHOD, TOY_PEER, ToyGraph
 
 TOYS = "tests.toy_members"
 
 # The toy method is dynamic's rewrite under another name: its line declares the ops it writes, as dynamic's does
 # (a manifest's method is checked against them at load).
 TOY_METHOD_LINE = MethodEntry(TOYS, ops=QUANTIZATION_METHODS.entry("dynamic").ops)
-
-
-@pytest.fixture
-def runner():
-    return CliRunner()
 
 
 @pytest.fixture

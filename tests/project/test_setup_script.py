@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def setup(venv: Path, *args: str, dry: bool = True) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"gptedge": ROOT / "gptedge", "gptedge.export": ROOT / "export", "gptedge.quantize": ROOT / "quantize",
             "gptedge.runtime": ROOT / "runtime"}
 OPTIONAL = {"torch", "onnx", "onnxruntime", "matplotlib", "starlette", "uvicorn", "jinja2", "safetensors", "huggingface_hub",

@@ -1,5 +1,5 @@
 """fp16 graphs (quantize --method fp16, weight-only --float16, export --precision fp16) and the device-side
-greedy pick, on the CPU: structure, manifest and parity. The same on a GPU is tests/test_cuda.py."""
+greedy pick, on the CPU: structure, manifest and parity. The same on a GPU is tests/cuda/test_cuda.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 
 import numpy as np
@@ -14,17 +13,14 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from gptedge.cli import main
-from gptedge.onnx_files import save_onnx
-from gptedge.quantize import int8_math as qm
 from gptedge.quantize import nbit_math as nm
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
-from gptedge.quantize.rewrite import Rewrite
 from gptedge.runtime import load
 from gptedge.runtime.errors import InvalidArgumentError
-from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest, write_manifest
-from gptedge.runtime.modeldir.recipe import kept_at_8bit
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 
-from .conftest import tiny_reference, write_checkpoint
+from ..support.checkpoints import tiny_reference, write_checkpoint
+from ..support.quant import fake_quantized
 
 
 def matmul_nbits(w: np.ndarray, x: np.ndarray, block_size: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -82,34 +78,6 @@ def wide_model_dir(tmp_path_factory):
     ck = write_checkpoint(tiny_reference("gpt2", seed=3, n_embd=128, n_head=4), base / "ck")
     export_checkpoint(ck, base / "fp32")
     return base / "fp32"
-
-
-def fake_quantized(fp32_dir, out, recipe: QuantizeRecipe):
-    """The fp32 dir with every weight the recipe quantizes replaced by its numpy dequantization."""
-    shutil.copytree(fp32_dir, out)
-    model = onnx.load(str(fp32_dir / "model.onnx"))
-    r = Rewrite(model)
-    wte, _, _ = r.tied_embedding()
-
-    def roundtrip(rows, bits):
-        if bits == 8:
-            return qm.dequantize_blocks_u8(*qm.quantize_blocks_u8(rows, recipe.block_size, recipe.scale_search))
-        return nm.dequantize_4bit(*nm.quantize_4bit(rows, recipe.block_size, recipe.symmetric,
-                                                    scale_search=recipe.scale_search))
-
-    new = {wte: roundtrip(r.weights[wte], recipe.embedding_bits)}
-    new.update({n.input[1]: roundtrip(r.weights[n.input[1]].T, 8 if kept_at_8bit(n.input[1].removesuffix(".weight"),
-                                                                        recipe.keep_8bit) else recipe.bits).T
-                for n in model.graph.node if r.is_linear(n)})
-    for t in model.graph.initializer:
-        if t.name in new:
-            t.CopyFrom(numpy_helper.from_array(new[t.name].astype(np.float32), t.name))
-    (out / "model.onnx").unlink()
-    for extra in out.glob("model.onnx.data"):
-        extra.unlink()
-    save_onnx(model, out / "model.onnx")
-    write_manifest(out, read_manifest(out))  # the new graph's size and hash: load checks them
-    return out
 
 
 RECIPES = [  # (model, block size, symmetric, embedding bits)

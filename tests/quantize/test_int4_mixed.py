@@ -18,7 +18,7 @@ from gptedge.runtime.checks.model_claims import SAYS
 from gptedge.runtime.errors import InvalidArgumentError, ModelDirError
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 
-from .test_int4 import fake_quantized
+from ..support.quant import fake_quantized
 
 
 def node_bits(model_dir) -> dict[str, int]:

@@ -23,7 +23,7 @@ from gptedge.runtime.errors import ModelDirError, QuantizationError
 from gptedge.runtime.graphs.sequence_pool import pool_for
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape
 
-from tests.conftest import EXCERPT, ROOT, tiny_config, write_checkpoint
+from ..support.checkpoints import EXCERPT, ROOT, tiny_config, write_checkpoint
 
 CACHES = ("fp32", "fp16", "int8", "int4")
 CALIBRATION = ROOT / "samples" / "calibration" / "emma_ch1-4.txt"  # not the evaluation excerpt

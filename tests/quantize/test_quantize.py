@@ -16,7 +16,7 @@ from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
 from gptedge.runtime.errors import InvalidArgumentError, ModelDirError, QuantizationError
 
-from .conftest import EXCERPT
+from ..support.checkpoints import EXCERPT
 METHODS = ["dynamic", "static", "weight-only"]
 
 
@@ -175,7 +175,7 @@ def test_quantized_attention_option(tmp_path):
     """On a plain-ops graph QK^T and PV are MatMuls, which --quantize-attention turns into int8 products."""
     from gptedge.export.exporter import export_model
 
-    from .conftest import tiny_reference
+    from ..support.checkpoints import tiny_reference
 
     export_model(tiny_reference("gpt2", seed=21), tmp_path / "plain", fused=False, validate=False)
     plain = Counter(n.op_type for n in graph(tmp_path / "plain").graph.node)
@@ -267,7 +267,7 @@ def test_static_temporary_files_stay_inside_the_partial_output(gpt2_model_dir, t
 def test_quantized_attention_refused_where_activations_stay_float(tmp_path):
     from gptedge.export.exporter import export_model
 
-    from .conftest import tiny_reference
+    from ..support.checkpoints import tiny_reference
 
     export_model(tiny_reference("gpt2", seed=21), tmp_path / "plain", fused=False, validate=False)
     with pytest.raises(QuantizationError, match="--quantize-attention does not apply to weight-only"):
@@ -287,7 +287,7 @@ def test_unknown_method():
 
 def test_cli_quantize_errors_are_one_line(gpt2_model_dir, quantized_dirs, tmp_path):
     runner = CliRunner()
-    for args, message, code in [  # 2: the command line is wrong (test_bad_invocations)
+    for args, message, code in [  # 2: the command line is wrong (tests/cli/test_bad_*.py)
         (["--method", "int3"], "'int3' is not one of", 2),
         (["--method", "static"], "needs --calibration", 2),
         (["--method", "weight-only", "--block-size", "24"], "power of two", 2),

@@ -25,7 +25,7 @@ from gptedge.runtime import load
 from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 
-from .test_int4 import fake_quantized
+from ..support.quant import fake_quantized
 
 CALIBRATION = "samples/calibration/emma_ch1-4.txt"
 

@@ -23,7 +23,7 @@ import pytest
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load_classifier
 
-from .conftest import EXCERPT
+from ..support.checkpoints import EXCERPT
 
 pytest.importorskip("transformers")
 

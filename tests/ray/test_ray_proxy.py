@@ -122,7 +122,7 @@ def test_docs_rayservice_manifest_parses_and_its_serve_config_is_valid():
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "ray.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "ray.md").read_text()
     (manifest,) = [m for m in re.findall(r"```yaml\n(.*?)```", page, re.S) if "kind: RayService" in m]
     service = yaml.safe_load(manifest)
     assert service["kind"] == "RayService" and service["spec"]["rayClusterConfig"]["workerGroupSpecs"]

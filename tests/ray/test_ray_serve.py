@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 
 from gptedge.serve.ray_local import LocalCluster, NodeSpec, free_port  # noqa: E402
 
-from .ray_cluster import (KEY, NAME, Answer, app_running, client, complete, config_from_yaml,  # noqa: E402
+from ..support.ray_cluster import (KEY, NAME, Answer, app_running, client, complete, config_from_yaml,  # noqa: E402
                           delete_app, deploy_config, replica_states, serve_run, wait_for)
 
 pytestmark = pytest.mark.ray
@@ -42,7 +42,7 @@ def model_dir(tmp_path_factory):
     """The tiny seeded GPT-2 of conftest as a kv_buffer graph (unvalidated: test_export checks exports)."""
     from gptedge.export.exporter import export_checkpoint
 
-    from .conftest import tiny_reference, write_checkpoint
+    from ..support.checkpoints import tiny_reference, write_checkpoint
 
     root = tmp_path_factory.mktemp("ray-model")
     checkpoint = write_checkpoint(tiny_reference("gpt2", n_positions=CONTEXT), root / "ck")

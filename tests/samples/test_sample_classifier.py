@@ -14,7 +14,7 @@ from gptedge import runtime
 from gptedge.cli import main
 from gptedge.runtime.modeldir.tasks import read_jsonl
 
-from .conftest import ROOT
+from ..support.checkpoints import ROOT
 
 pytest.importorskip("torch")
 

@@ -16,7 +16,7 @@ from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 from gptedge.runtime import load
 from gptedge.runtime.generation.evaluate import perplexity
 
-from .conftest import EXCERPT, ROOT, reference_perplexity
+from ..support.checkpoints import EXCERPT, ROOT, reference_perplexity
 
 # The real 6.9M-parameter model exported, quantized and evaluated end to end: minutes on 2 cores, so it runs in the
 # whole suite (CI) and stays out of the fast subset (docs/development.md#tests).

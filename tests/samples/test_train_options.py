@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from ..support.checkpoints import ROOT
 
 pytest.importorskip("torch")
 SCRIPT = ROOT / "samples" / "train_sample_model.py"

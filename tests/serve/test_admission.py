@@ -1,6 +1,6 @@
 """The engine's admission policy (runtime/serving/admission.py) on plain numbers: no model, no thread.
 
-tests/test_engine_prefill.py checks that the engine carries the plan out (the runs a real pool sees)."""
+tests/serve/test_engine_prefill.py checks that the engine carries the plan out (the runs a real pool sees)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -11,51 +10,13 @@ from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation.sampling import SamplingParams
 from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason, QueueFullError
 
-WAIT_S = 60  # every wait has a deadline: a regression fails the test, never hangs the suite
-
-PROMPTS = ["Hello world", "It is a truth universally acknowledged that a single man in possession",
-           "In", "The quick brown fox jumps over the lazy dog and then", "A"]
-SETTINGS = [SamplingParams(greedy=True), SamplingParams(top_k=20, temperature=0.8, seed=7),
-            SamplingParams(top_p=0.9, seed=3), SamplingParams(greedy=True, repetition_penalty=1.2)]
-
-
-class Collector:
-    def __init__(self):
-        self.events, self.done = [], threading.Event()
-
-    def __call__(self, event):
-        self.events.append(event)
-        if event.finish_reason:
-            self.done.set()
-
-    @property
-    def last(self):
-        return self.events[-1]
-
-    def finished(self, timeout: float = WAIT_S) -> bool:
-        return self.done.wait(timeout)
-
-
-def wait_until(predicate, timeout: float = WAIT_S, poll_s: float = 0.005) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not true after {timeout}s"
-        time.sleep(poll_s)
-
-
-def _requests(model, n):
-    out = []
-    for i in range(n):
-        ids = model.encode(PROMPTS[i % len(PROMPTS)] * (1 + i % 3))  # prompts of 1 to ~45 tokens
-        out.append(CompletionRequest(tuple(ids), max_new_tokens=8 + (i * 7) % 30, sampling=SETTINGS[i % 4],
-                                     stop=(" the",) if i % 5 == 4 else ()))
-    return out
+from ..support.engine import Collector, staggered_requests, wait_until
 
 
 @pytest.mark.parametrize("graph", ["standard", "kv_buffer"])
 def test_sixteen_staggered_requests_get_their_solo_results(gpt2_loaded, gpt2_kv_buffer_loaded, graph):
     model = gpt2_loaded if graph == "standard" else gpt2_kv_buffer_loaded
-    requests = _requests(model, 16)
+    requests = staggered_requests(model, 16)
     solo = [model.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, **vars(r.sampling)) for r in requests]
     # 3 rows for 16 requests: queueing, rows reused, windows moved left (context 128) and right (long newcomers)
     engine = Engine(model, max_batch=3, max_queue=16, prefill_chunk=4).start()

@@ -12,7 +12,7 @@ from gptedge.runtime.generation.generation_options import PREFILL_CHUNK
 from gptedge.runtime.generation.sampling import SamplingParams
 from gptedge.runtime.model import LoadedModel
 from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason
-from .test_engine import Collector
+from ..support.engine import Collector
 
 
 class RecordingPool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
@@ -21,53 +20,14 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
+from ..support.openai_errors import openai_error  # noqa: E402 - after the skips: the server needs the extras
+from ..support.server import NAME, start_server, stop_server  # noqa: E402
+
 KEY = "test-key"
-NAME = "tiny"
 MAX_BATCH, MAX_QUEUE = 4, 24
 CONTEXT = 512  # room for a generation long enough that a client surely leaves before it ends
 TOKENS_LIMIT = CONTEXT - 8  # --max-tokens-limit: above every test's own max_tokens
 PREFILL_BUDGET = 8  # prompt positions per prefill run: most test prompts are longer (chunked), a few shorter (grouped)
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
-        self.proc, self.url, self.log = proc, url, log
-
-    def metrics(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        return {k: float(v) for k, v in re.findall(r"^(\S+) (\S+)$", text, re.M)}
-
-
-def start_server(model_dir: Path, log: Path, *args: str) -> Server:
-    env = {k: v for k, v in os.environ.items() if k != "GPTEDGE_API_KEY"}
-    cmd = [sys.executable, "-m", "gptedge.cli", "serve", str(model_dir), "--port", "0", "--threads", "1",
-           "--model-name", NAME, *args]
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
-            if found:
-                server = Server(proc, found.group(1), log)
-                while time.monotonic() < deadline:
-                    try:
-                        if httpx.get(f"{server.url}/health", timeout=5).status_code == 200:
-                            return server
-                    except httpx.TransportError:
-                        pass
-                    time.sleep(0.1)
-            time.sleep(0.1)
-        raise RuntimeError(f"the server did not come up:\n{log.read_text()}")
-    except BaseException:
-        stop_server(proc)
-        raise
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +36,7 @@ def serve_model_dir(tmp_path_factory):
     (test_export checks exports): these tests compare the server with this same dir loaded in-process."""
     from gptedge.export.exporter import export_checkpoint
 
-    from .conftest import built_once, tiny_reference, write_checkpoint
+    from ..support.checkpoints import built_once, tiny_reference, write_checkpoint
 
     def build(out: Path) -> Path:
         checkpoint = write_checkpoint(tiny_reference("gpt2", n_positions=CONTEXT), out.parent / "ck")
@@ -180,7 +140,7 @@ def test_list_prompt_echo_and_logprobs(server, solo):
         by_ids = post(server, {**body, "prompt": ids}).json()["choices"]
         assert [c["text"] for c in by_ids] == [solo_text(solo, p, 10, temperature=0).text
                                                for p in (ids if isinstance(ids[0], list) else [ids])]
-    assert _error(post(server, {**body, "prompt": ["Hi", [1, 2]]}), 400)["param"] == "prompt"  # no mixing
+    assert openai_error(post(server, {**body, "prompt": ["Hi", [1, 2]]}), 400)["param"] == "prompt"  # no mixing
 
     echoed = post(server, {**body, "echo": True}).json()
     for c, e, p in zip(got["choices"], echoed["choices"], prompts):
@@ -262,13 +222,6 @@ def test_client_that_disconnects_frees_its_row(server):
     _wait_for(server, lambda m: m.get(cancelled, 0) == before + 2 and m["gptedge_running_batch_size"] == 0)
 
 
-def _error(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) >= {"message", "type", "param"} and error["message"]
-    return error
-
-
 @pytest.mark.parametrize("body, param", [
     ({"n": 2}, "n"),
     ({"temperature": -1}, "temperature"),
@@ -286,27 +239,27 @@ def _error(response: httpx.Response, status: int) -> dict:
     ({"presence_penalty": 0.5}, "presence_penalty"),
 ])
 def test_bad_parameters_are_400(server, body, param):
-    error = _error(post(server, {"model": NAME, "prompt": "Hi", **body}), 400)
+    error = openai_error(post(server, {"model": NAME, "prompt": "Hi", **body}), 400)
     assert error["param"] == param and error["type"] == "invalid_request_error"
 
 
 def test_error_paths(server, client, solo):
     too_long = solo.decode(solo.encode("one two three four " * 200)[:CONTEXT])
-    error = _error(post(server, {"model": NAME, "prompt": too_long}), 400)
+    error = openai_error(post(server, {"model": NAME, "prompt": too_long}), 400)
     assert error["param"] == "prompt" and error["code"] == "context_length_exceeded"
-    assert _error(post(server, content=b"{not json", body=None), 400)["message"]
-    assert _error(post(server, {"model": "gpt-4", "prompt": "Hi"}), 404)["code"] == "model_not_found"
+    assert openai_error(post(server, content=b"{not json", body=None), 400)["message"]
+    assert openai_error(post(server, {"model": "gpt-4", "prompt": "Hi"}), 404)["code"] == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="Hi")
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.completions.create(model=NAME, prompt="Hi", n=2)
     for key in (None, "wrong"):
-        assert _error(post(server, {"model": NAME, "prompt": "Hi"}, key=key), 401)["code"] == "invalid_api_key"
+        assert openai_error(post(server, {"model": NAME, "prompt": "Hi"}, key=key), 401)["code"] == "invalid_api_key"
         assert httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 401
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0, timeout=30) as bad_key:
         with pytest.raises(openai.AuthenticationError):
             bad_key.completions.create(model=NAME, prompt="Hi")
-    assert _error(httpx.get(f"{server.url}/nowhere"), 404)
+    assert openai_error(httpx.get(f"{server.url}/nowhere"), 404)
 
 
 def test_queue_full_is_429_with_retry_after_and_rolls_back(server, client):
@@ -315,7 +268,7 @@ def test_queue_full_is_429_with_retry_after_and_rolls_back(server, client):
     n = MAX_QUEUE + MAX_BATCH + 8
     body = {"model": NAME, "prompt": ["Hello"] * n, "max_tokens": 200, "ignore_eos": True}
     r = post(server, body)
-    assert _error(r, 429)["code"] == "queue_full" and int(r.headers["Retry-After"]) >= 1
+    assert openai_error(r, 429)["code"] == "queue_full" and int(r.headers["Retry-After"]) >= 1
     _wait_for(server, lambda m: m["gptedge_queue_depth"] == 0 and m["gptedge_running_batch_size"] == 0)
     assert client.completions.create(model=NAME, prompt="Hi", max_tokens=3).choices[0].text is not None
     with pytest.raises(openai.RateLimitError):

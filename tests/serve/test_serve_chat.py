@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("jinja2")
 
-from .test_serve import NAME, start_server, stop_server  # noqa: E402 - after the skips: the server needs the extras
+from ..support.openai_errors import openai_error  # noqa: E402 - after the skips: the server needs the extras
+from ..support.server import NAME, run_serve, start_server, stop_server  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
@@ -107,9 +106,7 @@ def test_logprobs_are_the_chosen_tokens(server):
 ])
 def test_bad_bodies_are_one_line_400s(server, body, param):
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": NAME, **body}, timeout=60)
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert error["param"] == param and "\n" not in error["message"]
+    assert openai_error(r, 400)["param"] == param
 
 
 def test_a_template_that_refuses_the_conversation_is_a_400(tmp_path, gpt2_model_dir):
@@ -122,8 +119,8 @@ def test_a_template_that_refuses_the_conversation_is_a_400(tmp_path, gpt2_model_
                         json={"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == 1  # rendered with FILE's template
         r = httpx.post(f"{s.url}/v1/chat/completions", json={"model": NAME, "messages": MESSAGES}, timeout=60)
-        assert r.status_code == 400 and "user first" in r.json()["error"]["message"]
-        assert r.json()["error"]["code"] == "chat_template_error"
+        error = openai_error(r, 400)
+        assert "user first" in error["message"] and error["code"] == "chat_template_error"
     finally:
         stop_server(s.proc)
 
@@ -133,8 +130,8 @@ def test_a_model_without_a_template_says_so(tmp_path, gpt2_model_dir):
     s = start_server(gpt2_model_dir, tmp_path / "serve.log", "--device", "cpu")
     try:
         r = httpx.post(f"{s.url}/v1/chat/completions", json={"model": NAME, "messages": MESSAGES}, timeout=60)
-        assert r.status_code == 400 and r.json()["error"]["code"] == "no_chat_template"
-        assert "--chat-template" in r.json()["error"]["message"]
+        error = openai_error(r, 400)
+        assert error["code"] == "no_chat_template" and "--chat-template" in error["message"]
     finally:
         stop_server(s.proc)
 
@@ -144,8 +141,7 @@ def test_chat_template_option_refuses_what_it_cannot_use(tmp_path, gpt2_model_di
     path = tmp_path / "t.jinja"
     if content is not None:
         path.write_text(content)
-    r = subprocess.run([sys.executable, "-m", "gptedge.cli", "serve", str(gpt2_model_dir), "--port", "0",
-                        "--chat-template", str(path)], capture_output=True, text=True, timeout=120)
+    r = run_serve(gpt2_model_dir, "--chat-template", str(path))
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
 
 
@@ -155,7 +151,7 @@ def test_an_end_of_turn_token_ends_the_request_as_a_stop(gpt2_loaded):
     from gptedge.runtime.generation.sampling import SamplingParams
     from gptedge.runtime.serving.engine import CompletionRequest, Engine
 
-    from .test_engine import Collector
+    from ..support.engine import Collector
 
     prompt = gptedge_ids = gpt2_loaded.encode("Hello there")
     first = gpt2_loaded.generate(gptedge_ids, 1, greedy=True, ignore_eos=True).ids[0]

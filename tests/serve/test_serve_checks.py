@@ -1,6 +1,6 @@
 """The HTTP routes in process (Starlette's TestClient over the real app and engine; issue #28): the API key is
 matched whole, logprobs are those of the token actually sampled, and each refusal the README lists comes with
-its status, code and headers. tests/test_serve.py runs the same server as a process through the openai client."""
+its status, code and headers. tests/serve/test_serve.py runs the same server as a process through the openai client."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from gptedge.runtime.serving.engine import Engine  # noqa: E402
 from gptedge.serve.app import RETRY_AFTER_S, Generating, ServeState, create_app  # noqa: E402
+
+from ..support.openai_errors import openai_error  # noqa: E402
 
 KEY = "secret-key"
 NAME = "tiny"
@@ -40,11 +42,6 @@ def post(client, body, key=KEY, **kw):
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
     return client.post("/v1/completions", json=None if "content" in kw else {"model": NAME, **body},
                        headers=headers, **kw)
-
-
-def error(response, status) -> dict:
-    assert response.status_code == status, response.text
-    return response.json()["error"]
 
 
 @pytest.mark.parametrize("header, status", [
@@ -194,22 +191,22 @@ def test_a_stream_carries_the_same_text_then_usage_then_done(app, gpt2_loaded):
 
 def test_refusals_have_their_status_and_code(app, gpt2_loaded):
     state, client = app
-    e = error(post(client, {"prompt": "Hi"} | {"model": "gpt-4"}), 404)
+    e = openai_error(post(client, {"prompt": "Hi"} | {"model": "gpt-4"}), 404)
     assert (e["code"], e["param"]) == ("model_not_found", "model")
     assert e["message"] == "the model 'gpt-4' does not exist; this server serves 'tiny'"
-    assert error(client.get("/v1/models/other", headers={"Authorization": f"Bearer {KEY}"}), 404)["code"] == \
+    assert openai_error(client.get("/v1/models/other", headers={"Authorization": f"Bearer {KEY}"}), 404)["code"] == \
         "model_not_found"
-    assert error(post(client, None, content=b"{nope"), 400)["message"].startswith("the request body is not valid JSON")
-    assert error(post(client, None, content=b"\xff\xfe"), 400)["message"].startswith("the request body is not valid JSON")
+    assert openai_error(post(client, None, content=b"{nope"), 400)["message"].startswith("the request body is not valid JSON")
+    assert openai_error(post(client, None, content=b"\xff\xfe"), 400)["message"].startswith("the request body is not valid JSON")
     long = gpt2_loaded.encode("one two three four " * 60)[:128]
-    e = error(post(client, {"prompt": long}), 400)
+    e = openai_error(post(client, {"prompt": long}), 400)
     assert (e["code"], e["param"]) == ("context_length_exceeded", "prompt") and e["message"].endswith("; shorten the prompt")
-    e = error(post(client, {"prompt": [50257]}), 400)
+    e = openai_error(post(client, {"prompt": [50257]}), 400)
     assert e["param"] == "prompt" and e["message"] == "token id 50257 is outside the vocabulary (0..50256)"
-    assert error(post(client, {"prompt": ""}), 400)["message"] == "a prompt is empty: give at least one token"
-    assert error(post(client, {"prompt": "Hi", "max_tokens": 65}), 400)["param"] == "max_tokens"
-    assert error(client.get("/nowhere"), 404)["type"] == "invalid_request_error"
-    assert error(client.get("/v1/completions"), 405)
+    assert openai_error(post(client, {"prompt": ""}), 400)["message"] == "a prompt is empty: give at least one token"
+    assert openai_error(post(client, {"prompt": "Hi", "max_tokens": 65}), 400)["param"] == "max_tokens"
+    assert openai_error(client.get("/nowhere"), 404)["type"] == "invalid_request_error"
+    assert openai_error(client.get("/v1/completions"), 405)
     metrics = client.get("/metrics").text
     assert re.search(r'gptedge_http_requests_total\{path="/v1/models/\{model\}",status="404"\} [1-9]', metrics)
     assert re.search(r'gptedge_http_requests_total\{path="other",status="404"\} [1-9]', metrics)
@@ -226,14 +223,14 @@ def test_a_prompt_that_fills_the_context_but_one_is_served(app, gpt2_loaded):
 def test_busy_stopping_and_stopped_servers(gpt2_loaded):
     state, client = serving(gpt2_loaded, max_queue=0)  # never started: every request finds the queue full
     r = post(client, {"prompt": "Hi"})
-    e = error(r, 429)
+    e = openai_error(r, 429)
     assert (e["code"], e["type"]) == ("queue_full", "rate_limit_error") and r.headers["Retry-After"] == str(RETRY_AFTER_S)
     assert e["message"] == "the server is busy (0 requests are waiting (--max-queue 0)); retry shortly"
     state.stopping = True
     assert client.get("/health").status_code == 503 and client.get("/health").json() == {"status": "shutting down"}
-    e = error(post(client, {"prompt": "Hi"}), 503)
+    e = openai_error(post(client, {"prompt": "Hi"}), 503)
     assert (e["code"], e["message"]) == ("shutting_down", "the server is shutting down")
     state, client = serving(gpt2_loaded)
     state.served.engine.start().stop(grace_s=0)
-    e = error(post(client, {"prompt": "Hi"}), 503)
+    e = openai_error(post(client, {"prompt": "Hi"}), 503)
     assert (e["code"], e["type"], e["message"]) == ("shutting_down", "server_error", "the server is shutting down")

@@ -1,5 +1,5 @@
 """`gptedge serve` on a classifier dir: POST /v1/classify against the real server (a subprocess on a free loopback
-port) on the tiny seeded task heads of tests/task_checkpoints.py. Results equal Classifier.classify_batch's;
+port) on the tiny seeded task heads of tests/support/task_checkpoints.py. Results equal Classifier.classify_batch's;
 concurrent requests share runs (counted, never timed); every error is completions' JSON; /v1/models says what
 the model does, for a language model too. The batching worker's gathering is also checked in-process, with a
 classifier whose run blocks until released."""
@@ -16,7 +16,8 @@ import pytest
 from gptedge.runtime.classify import Classification
 from gptedge.runtime.serving.classify_batcher import BatcherQueueFull, BatcherStopped, ClassifyBatcher, ClassifyJob
 
-from .test_serve import start_server, stop_server
+from ..support.openai_errors import openai_error
+from ..support.server import start_server, stop_server
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -58,13 +59,6 @@ def server(task_dirs, tmp_path_factory):
 def post(server, body, key=KEY, path="/v1/classify", **kw) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.post(f"{server.url}{path}", json=body, headers=headers, **{"timeout": 60, **kw})
-
-
-def _error(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and "\n" not in error["message"]
-    return error
 
 
 def _same(entry: dict, index: int, want: Classification, keyed: bool) -> None:
@@ -144,24 +138,24 @@ def test_concurrent_requests_share_one_run(task_dirs, tmp_path_factory):
     ({"input": ["A", "B"], "model": 3}, "model", "model must be a non-empty string"),
 ])
 def test_bad_requests_are_400_naming_the_example(server, body, param, message):
-    error = _error(post(server, body), 400)
+    error = openai_error(post(server, body), 400)
     assert error["param"] == param and error["type"] == "invalid_request_error" and message in error["message"]
 
 
 def test_error_paths(server, task_dirs):
     long = "one two three four " * 40  # 160 tokens: more than the 64 positions
-    error = _error(post(server, {"input": [["short", "fine"], [long, "B"]]}), 400)
+    error = openai_error(post(server, {"input": [["short", "fine"], [long, "B"]]}), 400)
     assert error["code"] == "context_length_exceeded" and error["message"].startswith("input[1]: ")
-    error = _error(post(server, {"input": ["x" * (MAX_TEXT_BYTES + 1), "B"]}), 400)  # refused by its bytes
+    error = openai_error(post(server, {"input": ["x" * (MAX_TEXT_BYTES + 1), "B"]}), 400)  # refused by its bytes
     assert error["code"] == "context_length_exceeded" and f"{MAX_TEXT_BYTES + 1:,} bytes" in error["message"]
-    assert _error(post(server, {"input": [["A", "B"]] * (MAX_EXAMPLES + 1)}), 413)["code"] == "too_many_examples"
-    assert _error(post(server, {"input": ["A" * MAX_BODY, "B"]}), 413)["code"] == "request_too_large"
-    assert _error(post(server, None, content=b"{not json"), 400)["message"] == "the request body is not valid JSON"
-    assert _error(post(server, {"model": "gpt-4", "input": ["A", "B"]}), 404)["code"] == "model_not_found"
+    assert openai_error(post(server, {"input": [["A", "B"]] * (MAX_EXAMPLES + 1)}), 413)["code"] == "too_many_examples"
+    assert openai_error(post(server, {"input": ["A" * MAX_BODY, "B"]}), 413)["code"] == "request_too_large"
+    assert openai_error(post(server, None, content=b"{not json"), 400)["message"] == "the request body is not valid JSON"
+    assert openai_error(post(server, {"model": "gpt-4", "input": ["A", "B"]}), 404)["code"] == "model_not_found"
     for key in (None, "wrong"):
-        assert _error(post(server, {"input": ["A", "B"]}, key=key), 401)["code"] == "invalid_api_key"
-        assert _error(post(server, {"model": NAME, "prompt": "Hi"}, key=key, path="/v1/completions"), 401)
-    error = _error(post(server, {"model": "gpt-4", "prompt": "Hi"}, path="/v1/completions"), 400)
+        assert openai_error(post(server, {"input": ["A", "B"]}, key=key), 401)["code"] == "invalid_api_key"
+        assert openai_error(post(server, {"model": NAME, "prompt": "Hi"}, key=key, path="/v1/completions"), 401)
+    error = openai_error(post(server, {"model": "gpt-4", "prompt": "Hi"}, path="/v1/completions"), 400)
     assert error["code"] == "unsupported_task" and "an entailment classifier" in error["message"]
     assert "POST /v1/classify" in error["message"]
     # after all of these, it still answers
@@ -196,7 +190,7 @@ def test_a_language_model_says_so_and_refuses_classify(gpt2_model_dir, tmp_path_
     try:
         card = httpx.get(f"{s.url}/v1/models").json()["data"][0]
         assert card["task"] == "text-generation" and card["endpoint"] == "/v1/completions" and card["id"] == NAME
-        error = _error(post(s, {"input": "Hi"}, key=None), 400)
+        error = openai_error(post(s, {"input": "Hi"}, key=None), 400)
         assert error["code"] == "unsupported_task" and "language model (text-generation)" in error["message"]
         assert "POST /v1/completions" in error["message"]
         assert post(s, {"model": NAME, "prompt": "Hi", "max_tokens": 2}, key=None, path="/v1/completions").json()[

@@ -19,7 +19,7 @@ pytest.importorskip("uvicorn")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from .test_serve import NAME, start_server, stop_server  # noqa: E402
+from ..support.server import NAME, start_server, stop_server  # noqa: E402
 
 KEY = "fuzz-key"
 BODIES = 2000

@@ -11,10 +11,7 @@ import re
 import select
 import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -23,7 +20,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from .test_serve import NAME, start_server, stop_server  # noqa: E402
+from ..support.cli import error_line  # noqa: E402
+from ..support.openai_errors import openai_error  # noqa: E402
+from ..support.server import NAME, run_serve, start_server, stop_server  # noqa: E402
 
 KEY = "hostile-test-key"
 MAX_BODY = 262144
@@ -61,11 +60,6 @@ def dropped(m: dict, reason: str) -> float:
 def post_raw(server, body: bytes, timeout: float = 30) -> httpx.Response:
     return httpx.post(f"{server.url}/v1/completions", content=body,
                       headers={**AUTH, "Content-Type": "application/json"}, timeout=timeout)
-
-
-def error(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, (r.status_code, r.text[:300])
-    return r.json()["error"]
 
 
 def connect(server) -> socket.socket:
@@ -120,18 +114,18 @@ def test_a_body_over_max_body_is_refused_while_reading(server):
 def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(server):
     before = metrics(server)
     r = post_raw(server, json.dumps({"model": NAME, "prompt": "a" * (PROMPT_BYTES_LIMIT + 1)}).encode())
-    e = error(r, 400)
+    e = openai_error(r, 400)
     assert e["code"] == "context_length_exceeded" and e["param"] == "prompt"
     assert f"the prompt is {PROMPT_BYTES_LIMIT + 1:,} bytes; no text over {PROMPT_BYTES_LIMIT:,} bytes" in e["message"]
     assert metrics(server)["gptedge_prompt_tokens_total"] == before["gptedge_prompt_tokens_total"]
     # under the byte bound but over the context in tokens: tokenized, then refused as before
-    e = error(post_raw(server, json.dumps({"model": NAME, "prompt": "one two " * 100}).encode()), 400)
+    e = openai_error(post_raw(server, json.dumps({"model": NAME, "prompt": "one two " * 100}).encode()), 400)
     assert e["code"] == "context_length_exceeded" and "tokens" in e["message"]
 
 
 @pytest.mark.parametrize("depth", [33, 100_000])
 def test_deep_json_is_400(server, depth):
-    e = error(post_raw(server, b"[" * depth + b"]" * depth), 400)
+    e = openai_error(post_raw(server, b"[" * depth + b"]" * depth), 400)
     assert f"nests {depth} levels deep; at most 32" in e["message"]
 
 
@@ -149,7 +143,7 @@ def test_nesting_within_the_limit_still_works(server):
     (b'{"model": "tiny", "prompt": "Hi", "user": "\\ud83d"}', "user"),
 ])
 def test_lone_surrogates_are_400(server, raw, param):
-    e = error(post_raw(server, raw), 400)
+    e = openai_error(post_raw(server, raw), 400)
     assert "lone surrogate" in e["message"] and e["param"] == param
 
 
@@ -229,21 +223,6 @@ def test_sigterm_ends_within_the_shutdown_timeout_with_clients_mid_body(gpt2_mod
 # --- the command line ------------------------------------------------------------------------------------------
 
 
-def run_serve(model_dir: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    import os
-
-    full_env = {k: v for k, v in os.environ.items() if k != "GPTEDGE_API_KEY"}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "gptedge.cli", "serve", str(model_dir), "--port", "0", *args],
-                          capture_output=True, text=True, timeout=120, env=full_env)
-
-
-def one_error(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    return lines[0]
-
-
 BAD_OPTIONS = [
     (["--api-key", "clé"], "must be printable ASCII (0x20..0x7e); it holds 'é'"),
     (["--api-key", " sp "], "must not begin or end with a space"),
@@ -274,9 +253,9 @@ BAD_OPTIONS = [
 def test_bad_serve_options_exit_2_with_their_range(gpt2_model_dir, args, says):
     result = run_serve(gpt2_model_dir, *args)
     assert result.returncode == 2, result.stderr
-    assert says in one_error(result)
+    assert says in error_line(result)
 
 
 def test_an_api_key_from_the_environment_is_checked_too(gpt2_model_dir):
     result = run_serve(gpt2_model_dir, env={"GPTEDGE_API_KEY": "ключ"})
-    assert result.returncode == 2 and "must be printable ASCII" in one_error(result)
+    assert result.returncode == 2 and "must be printable ASCII" in error_line(result)

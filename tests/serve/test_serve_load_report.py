@@ -13,7 +13,7 @@ import pytest
 
 from gptedge.runtime.modeldir.manifest import Manifest, ModelShape, Quantization, Source
 
-from .conftest import ROOT
+from ..support.checkpoints import ROOT
 
 
 def _load_benchmark():

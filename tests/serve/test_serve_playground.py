@@ -3,8 +3,6 @@ told it can do, and that /vendor and /web-model serve only what they should."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +15,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from gptedge.runtime.modeldir.manifest import read_manifest  # noqa: E402
 from gptedge.serve.playground import Playground, playground_routes, web_model  # noqa: E402
 
-from .web_clients import need_node  # noqa: E402
+from ..support.web_clients import need_node  # noqa: E402
 
 
 def client(playground: Playground) -> TestClient:
@@ -66,7 +64,7 @@ def test_serve_web_option(sample_recipe_dirs, tmp_path):
     """`gptedge serve --web off`: the page still offers the server, not the browser."""
     import httpx
 
-    from .test_serve import start_server, stop_server
+    from ..support.server import run_serve, start_server, stop_server
 
     server = start_server(sample_recipe_dirs["fp32"], tmp_path / "serve.log", "--web", "off", "--device", "cpu")
     try:
@@ -77,6 +75,5 @@ def test_serve_web_option(sample_recipe_dirs, tmp_path):
         assert httpx.get(f"{server.url}/", timeout=30).status_code == 200
     finally:
         stop_server(server.proc)
-    done = subprocess.run([sys.executable, "-m", "gptedge.cli", "serve", str(sample_recipe_dirs["fp32"]), "--web",
-                           str(tmp_path), "--port", "0"], capture_output=True, text=True, timeout=300)
+    done = run_serve(sample_recipe_dirs["fp32"], "--web", str(tmp_path), timeout=300)
     assert done.returncode == 1 and "Error: --web" in done.stderr and "gptedge-pack.json" in done.stderr

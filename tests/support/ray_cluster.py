@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_YAML = ROOT / "deploy" / "ray-serve.yaml"
 SERVE = str(Path(sys.executable).with_name("serve"))
 KEY = "ray-test-key"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .conftest import GPT2_TOKENIZER, GPT2_VOCAB
+from .checkpoints import GPT2_TOKENIZER, GPT2_VOCAB
 
 SPECIAL = {"bos_token": "<start>", "sep_token": "<delim>", "cls_token": "<extract>"}  # start, delimiter, extract
 VOCAB = GPT2_VOCAB + len(SPECIAL)  # the special tokens take ids 50257..50259

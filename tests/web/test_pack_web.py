@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +16,10 @@ from gptedge.pack.web import WebPackError, write_web_model
 from gptedge.runtime.modeldir.manifest import read_manifest, write_manifest
 from gptedge.runtime.modeldir.web_ready import web_readiness
 
+from ..support.cli import run_gptedge
+
 EXPECTED = {"fp32": "onnx/model.onnx", "dynamic": "onnx/model_quantized.onnx", "w8": "onnx/model_int8.onnx",
             "w4": "onnx/model_q4.onnx"}
-
-
-def gptedge(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gptedge.cli", *args], capture_output=True, text=True, timeout=600)
 
 
 def sha256(path: Path) -> str:
@@ -33,7 +29,7 @@ def sha256(path: Path) -> str:
 @pytest.fixture(scope="module")
 def packed(sample_recipe_dirs, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("web") / "pack"
-    done = gptedge("pack", *(str(d) for d in sample_recipe_dirs.values()), "--target", "web", "-o", str(out),
+    done = run_gptedge("pack", *(str(d) for d in sample_recipe_dirs.values()), "--target", "web", "-o", str(out),
                    "--no-page")
     assert done.returncode == 0, done.stderr
     return out
@@ -95,26 +91,26 @@ def test_refusals(sample_recipe_dirs, gpt2_kv_buffer_loaded, tmp_path):
     with pytest.raises(WebPackError, match="both transformers.js dtype 'fp32'"):
         write_web_model([sample_recipe_dirs["fp32"], sample_recipe_dirs["fp32"]], tmp_path)
     assert not any(tmp_path.iterdir())  # checked before anything is written
-    done = gptedge("pack", str(kvb), "--target", "web", "-o", str(tmp_path / "o"), "--no-page")
+    done = run_gptedge("pack", str(kvb), "--target", "web", "-o", str(tmp_path / "o"), "--no-page")
     assert done.returncode == 1 and done.stderr.startswith("Error: ") and "--graph standard" in done.stderr
     assert not (tmp_path / "o").exists()
-    done = gptedge("pack", str(sample_recipe_dirs["fp32"]), str(sample_recipe_dirs["w4"]), "--target", "mobile",
+    done = run_gptedge("pack", str(sample_recipe_dirs["fp32"]), str(sample_recipe_dirs["w4"]), "--target", "mobile",
                    "-o", str(tmp_path / "m"))
     assert done.returncode == 2 and "one MODEL" in done.stderr
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("mine")
-    done = gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(tmp_path / "taken"),
+    done = run_gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(tmp_path / "taken"),
                    "--no-page", "--force")
     assert done.returncode == 2 and (tmp_path / "taken" / "x").read_text() == "mine"
 
 
 def test_force_replaces_a_pack(sample_recipe_dirs, tmp_path):
     out = tmp_path / "pack"
-    done = gptedge("pack", str(sample_recipe_dirs["w4"]), "--target", "web", "-o", str(out), "--no-page")
+    done = run_gptedge("pack", str(sample_recipe_dirs["w4"]), "--target", "web", "-o", str(out), "--no-page")
     assert done.returncode == 0, done.stderr
-    assert gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(out),
+    assert run_gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(out),
                    "--no-page").returncode == 2  # exists, no --force
-    done = gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(out), "--no-page", "--force")
+    done = run_gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(out), "--no-page", "--force")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model.onnx"]
 
@@ -125,6 +121,6 @@ def test_readiness_names_the_dtype(sample_recipe_dirs, gpt2_kv_buffer_loaded):
         "fp32": (True, "fp32"), "dynamic": (True, "q8"), "w8": (True, "int8"), "w4": (True, "q4")}
     kvb = web_readiness(gpt2_kv_buffer_loaded.manifest)
     assert not kvb.ready and "kv_buffer" in kvb.reason
-    done = gptedge("info", str(sample_recipe_dirs["w4"]), "--device", "cpu")
+    done = run_gptedge("info", str(sample_recipe_dirs["w4"]), "--device", "cpu")
     info = json.loads(done.stdout)
     assert info["web_ready"] is True and "'q4'" in info["web"]

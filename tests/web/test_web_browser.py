@@ -21,8 +21,8 @@ import pytest
 
 from gptedge.runtime import load
 
-from .test_serve import start_server, stop_server
-from .web_clients import CHROMIUM, chromium_args, need_chromium
+from ..support.server import start_server, stop_server
+from ..support.web_clients import CHROMIUM, chromium_args, need_chromium
 
 PROMPT = "It is a truth universally acknowledged, that"
 NEW_TOKENS = 32

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from gptedge.runtime import load
-from .web_clients import need_node, run_node
+from ..support.web_clients import need_node, run_node
 
 PROMPTS = ["It is a truth universally acknowledged, that", "The", "Hello"]
 NEW_TOKENS = 32
