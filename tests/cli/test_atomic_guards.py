@@ -1,4 +1,4 @@
-"""Output directories (issue #28): each --force guard given the output it must refuse, and the sweep of partial
+"""Output directories: each --force guard given the output it must refuse, and the sweep of partial
 dirs given each kind of owner marker, another machine's included. The README: "--force replaces OUT only if
 gptedge wrote it ... or it is empty ... never the input, a folder holding it, or the current directory or a
 parent of it"; a partial dir "left by a killed run is removed by the next run that writes OUT"."""

@@ -1,4 +1,4 @@
-"""Inputs read as their format says, and options that would do nothing refused (issue #35): JSON Lines split at
+"""Inputs read as their format says, and options that would do nothing refused: JSON Lines split at
 "\\n" only (a string may hold U+2028, U+2029 or U+0085), errors naming their line; pack's --platform with
 --target web and --no-page with --target mobile are usage errors (exit 2), before any work."""
 

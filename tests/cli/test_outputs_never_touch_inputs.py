@@ -1,4 +1,4 @@
-"""No output of any command replaces or lands inside one of its inputs (issue #21, part 1), through the real
+"""No output of any command replaces or lands inside one of its inputs, through the real
 `gptedge` command: exit 2, one `Error:` line, before any work, and the row's folder byte for byte as it was.
 `--force` replaces only a dir whose gptedge.json parses as a gptedge manifest; stale dirs are swept by their
 exact names, never by a glob built from OUT's name."""
@@ -91,7 +91,7 @@ def test_force_still_replaces_what_gptedge_wrote(inputs, work):
 
 def test_sweep_matches_exact_names_not_a_glob_of_out(tmp_path):
     """OUT named `a*` (or `a[b]`): a dead run's leftovers of another output `ab` are not OUT's to sweep
-    (before: `.a*.old-*` matched `.ab.old-*`, and the restore step moved its contents to OUT)."""
+    (`.a*.old-*` would match `.ab.old-*`, and the restore step would move its contents to OUT)."""
     from gptedge.atomic import MARKER, sweep_stale
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -1,4 +1,4 @@
-"""Big models (issue #14: GPT-2 XL's 6.2 GB): export streams the weights into external data, releases the
+"""Big models (GPT-2 XL's 6.2 GB): export streams the weights into external data, releases the
 reference before ONNX Runtime loads, validates fewer greedy positions; quantize reads external weights one
 at a time and writes external data. Tiny models stand in, with the external-data threshold lowered."""
 

@@ -1,4 +1,4 @@
-"""Export validation's rungs 3 and 4 given graphs that disagree (issue #28): a difference between the tolerance
+"""Export validation's rungs 3 and 4 given graphs that disagree: a difference between the tolerance
 (1e-4) and 1e-1 fails rung 3, one below it passes and is reported where it is, padding is compared nowhere; greedy
 ids that differ anywhere fail rung 4, and export itself runs both. The "graph" here is the reference's own outputs
 (computed by the PyTorch reference, not by gptedge's runtime) with one value moved."""

@@ -1,4 +1,4 @@
-"""The plain template (issue #35): a GPT2ForSequenceClassification fine-tuned with transformers and no added tokens
+"""The plain template: a GPT2ForSequenceClassification fine-tuned with transformers and no added tokens
 (the text alone, the head on the last non-padding token, padding = config.json's pad_token_id) exports without
 --special-token, and classify equals transformers on it, for several pad conventions; a head checkpoint exported
 without --task is refused in one line, or exported as its LM with --task lm."""

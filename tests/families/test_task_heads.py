@@ -1,4 +1,4 @@
-"""The original GPT's task heads (issue #26): export from transformers' own fine-tuned classes, parity with them,
+"""The original GPT's task heads: export from transformers' own fine-tuned classes, parity with them,
 the input transformations (entailment, similarity's two orders, multiple choice), the manifest, the loaders.
 
 Oracles are transformers' models run on token rows built here from the checkpoint's own tokenizer.json, never

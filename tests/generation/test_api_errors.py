@@ -1,4 +1,4 @@
-"""The Python API speaks in gptedge's errors (issue #21, part 5): a wrong argument raises TypeError (wrong type) or
+"""The Python API speaks in gptedge's errors: a wrong argument raises TypeError (wrong type) or
 InvalidArgumentError (out of range) with one line naming it, before any work, never OverflowError /
 AttributeError / a tokenizer's "TextInputSequence must be str" from deep inside. And an exception in one
 request's event callback ends that request only: its batch-mates finish as generate() would have them."""
@@ -78,7 +78,8 @@ def test_good_arguments_still_work(gpt2_loaded):
 
 
 def test_a_raising_callback_ends_only_its_own_request(gpt2_kv_buffer_loaded):
-    """Before the mend the callback's exception failed every request in flight (finish_reason 'error')."""
+    """A callback that raises ends only its own request, early; the others in flight finish as they would alone,
+    none with finish_reason 'error'."""
     model = gpt2_kv_buffer_loaded
     ids = tuple(model.encode("It is a truth universally acknowledged"))
     engine = Engine(model, max_batch=4).start()

@@ -1,4 +1,4 @@
-"""What README promises of generate_batch against one-by-one generate (issue #21, part 4): for prompts of one
+"""What README promises of generate_batch against one-by-one generate: for prompts of one
 length (no left padding) every recipe, 4-bit weight-only included, computes each row exactly as it computes it
 alone (bitwise equal logits, identical greedy ids). Across lengths only float graphs are promised equal to within
 float rounding: recipes that quantize activations inside a kernel can flip a rounding there (docs/python-api.md;

@@ -1,4 +1,4 @@
-"""Beam search's options where they matter (issue #28): a model peaked enough that every beam finishes early, so
+"""Beam search's options where they matter: a model peaked enough that every beam finishes early, so
 early_stopping True, False and "never" part ways, each against transformers' generate(num_beams=...) as the README
 promises; and each option's refusal. tests/generation/test_beam_search.py covers the near-uniform tiny model."""
 

@@ -1,4 +1,4 @@
-"""Sampling at its boundaries (issue #28): exact ties at the top-p edge, every parameter's edge values, and every
+"""Sampling at its boundaries: exact ties at the top-p edge, every parameter's edge values, and every
 token-selection path off the greedy one. The oracles are written out here from the README's and the docstrings'
 promises (top-p keeps "the smallest set of most likely tokens whose probability sums to >= p"), never by calling
 the code under test."""

@@ -1,4 +1,4 @@
-"""Generation and the serving engine off the greedy path and at their limits (issue #28). The oracle is a full
+"""Generation and the serving engine off the greedy path and at their limits. The oracle is a full
 recompute of the prompt + tokens so far through LoadedModel.forward (no cache, no sampling code), with the
 filters written out here from their README definitions."""
 

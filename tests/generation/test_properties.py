@@ -22,7 +22,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 # --- sampling parameters ----------------------------------------------------------------------------------
 
 # Booleans are left out: SamplingParams takes True / False for numbers (bool is an int); the Python API's
-# type checks (issue #11 row 12) are the lead's.
+# type checks are tests/generation/test_api_errors.py's.
 anything = st.one_of(st.none(), st.integers(-5, 5), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3))
 
 

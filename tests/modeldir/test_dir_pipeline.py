@@ -1,6 +1,5 @@
-"""Nothing trusted blindly, III (issue #35): one pipeline of model-dir checks that load, verify, pack and serve
-run. Each case below passed silently before (pack shipped it, or verify said "verified"); each now fails in one
-line naming both values. Cases copy a dir a session fixture built, break one thing, and run the command."""
+"""One pipeline of model-dir checks that load, verify, pack and serve run: each broken case below fails in one
+line naming both values (pack refuses to ship it, verify does not say "verified"). Cases copy a dir a session fixture built, break one thing, and run the command."""
 
 from __future__ import annotations
 

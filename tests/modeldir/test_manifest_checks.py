@@ -1,4 +1,4 @@
-"""Every claim of a manifest is checked (issue #28): each field of gptedge.json given a value that must be refused,
+"""Every claim of a manifest is checked: each field of gptedge.json given a value that must be refused,
 and a graph that disagrees with its manifest in each way load() checks (names both ways, layers, heads, head
 size, vocabulary, context). The README: "every claim in it is checked against the graph ... at load"."""
 

@@ -1,5 +1,5 @@
-"""A model dir is not trusted blindly (issue #21, part 2): each of the silent wrong results of the issue now fails
-at load in one line naming both values, and `gptedge verify` lists every problem, hashes every file and repeats
+"""A model dir is not trusted blindly: each way it can give silently wrong results (a manifest, config or graph
+that disagree) fails at load in one line naming both values, and `gptedge verify` lists every problem, hashes every file and repeats
 the recorded parity run. Each case copies a freshly exported tiny dir, breaks one thing, and loads it."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from gptedge.runtime.registry import (FAMILIES, GRAPH_VARIANTS, QUANTIZATION_MET
 from ..support.checkpoints import tiny_reference, write_checkpoint
 from ..support.toy_members import TOY_ARCH, TOY_GRAPH, TOY_METHOD, TOY_PEER, ToyGraph
 
-TOYS = "tests.toy_members"
+TOYS = "tests.support.toy_members"
 
 # The toy method is dynamic's rewrite under another name: its line declares the ops it writes, as dynamic's does
 # (a manifest's method is checked against them at load).

@@ -1,4 +1,4 @@
-"""quantize --kv-cache (issue #23): a kv_buffer graph's cache stored as fp16 / int8 / int4.
+"""quantize --kv-cache: a kv_buffer graph's cache stored as fp16 / int8 / int4.
 
 One tiny seeded GPT-2 (kv_buffer, fp32) and the same graph with each cache (fp32 weights, no --method): the
 weights are the same in all four, so every difference is the cache's. (With weight-only weights, whose

@@ -1,4 +1,4 @@
-"""Quantization math at its edges (issue #28): all-zero and tiny blocks, the reduced range, exact levels, the
+"""Quantization math at its edges: all-zero and tiny blocks, the reduced range, exact levels, the
 row chunking and the zero-point padding. Expected values are worked out by hand from the docstrings' layouts."""
 
 from __future__ import annotations

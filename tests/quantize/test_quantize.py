@@ -218,7 +218,7 @@ def test_calibration_text_too_short(gpt2_model_dir, tmp_path):
 
 
 def test_calibration_length_beyond_context_refused_before_any_work(gpt2_model_dir, tmp_path):
-    """It used to be clamped to the context while the manifest recorded the value asked for."""
+    """A calibration length beyond the context is refused, never clamped while the manifest records the value asked."""
     text = EXCERPT.read_text(encoding="utf-8")[:20000]
     with pytest.raises(InvalidArgumentError, match=r"--calibration-length 1000 is out of range: choose 2\.\.128"):
         quantize_model_dir(gpt2_model_dir, tmp_path / "s", QuantizeRecipe("static", calibration_length=1000),

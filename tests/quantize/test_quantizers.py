@@ -1,4 +1,4 @@
-"""Error-aware weight quantizers (issue #36): --scale-search mse (quantize/scale_search.py) and --awq (quantize/awq.py).
+"""Error-aware weight quantizers: --scale-search mse (quantize/scale_search.py) and --awq (quantize/awq.py).
 
 numpy oracles for the math (the search lowers each block's squared error against round-to-nearest and the plain
 search, in the same layout; AWQ's fold leaves the fp32 graph's outputs unchanged), the quantized dir against

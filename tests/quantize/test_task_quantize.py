@@ -139,7 +139,7 @@ def test_the_recorded_vs_fp32_figures_are_recomputed_from_the_graphs(task_dirs, 
 
 
 def test_a_manifest_written_before_quantize_head_reads_as_head_quantized(task_dirs, quantized):
-    """Before the field existed quantize quantized the head with the blocks: an older manifest says so."""
+    """A manifest without the quantize_head field (written before it existed) reads as head quantized, as it was."""
     from gptedge.runtime.modeldir.manifest import Quantization, typed
 
     recorded = dataclasses.asdict(load_classifier(quantized["gpt2-seq", "dynamic"], device="cpu")

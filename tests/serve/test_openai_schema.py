@@ -1,4 +1,4 @@
-"""OpenAI request parsing and response shapes, without HTTP (issue #28): every check of a completions body is
+"""OpenAI request parsing and response shapes, without HTTP: every check of a completions body is
 given a value that must trip it and the edge values that must pass, and every response shape is checked whole
 against OpenAI's legacy completions API as the README describes it."""
 

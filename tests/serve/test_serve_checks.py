@@ -1,4 +1,4 @@
-"""The HTTP routes in process (Starlette's TestClient over the real app and engine; issue #28): the API key is
+"""The HTTP routes in process (Starlette's TestClient over the real app and engine): the API key is
 matched whole, logprobs are those of the token actually sampled, and each refusal the README lists comes with
 its status, code and headers. tests/serve/test_serve.py runs the same server as a process through the openai client."""
 

@@ -1,5 +1,5 @@
 """Property: whatever body a client posts to /v1/completions, the server answers it without a 500, logs no
-traceback, and still serves /health afterwards (issue #21, part 3). Hypothesis generates 2,000 bodies: JSON values
+traceback, and still serves /health afterwards. Hypothesis generates 2,000 bodies: JSON values
 of every shape, completion requests with fields of every type, and raw bytes (invalid UTF-8, lone surrogate
 escapes, truncated and deeply nested JSON). One real server in a subprocess; --max-tokens-limit 2 keeps the
 bodies that are valid requests cheap."""

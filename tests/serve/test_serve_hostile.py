@@ -1,4 +1,4 @@
-"""`gptedge serve` against hostile clients (issue #21, part 3), a real server in a subprocess on loopback: what one
+"""`gptedge serve` against hostile clients, a real server in a subprocess on loopback: what one
 client can cost is bounded (body size while reading, prompt bytes before tokenization, JSON depth, header and body
 read timeouts), bad bytes are a 400 and never a 500 with a traceback, a client that leaves is counted as such,
 SIGTERM ends within --shutdown-timeout with clients mid-body, and every bad serve option exits 2 with its range.
@@ -209,7 +209,7 @@ def test_sigterm_ends_within_the_shutdown_timeout_with_clients_mid_body(gpt2_mod
             socks.append(sock)
         time.sleep(0.3)
         s.proc.send_signal(signal.SIGTERM)
-        # before: the server waited grace + 5 s for these bodies, then for uvicorn to cancel them
+        # the server does not wait for these bodies: it exits within the grace period, not grace + 5 s
         assert s.proc.wait(grace + 3) == 0, s.log.read_text()
         for sock in socks:
             assert read_status(sock) in (503, None)
