@@ -11,7 +11,7 @@ import pytest
 from ..support.checkpoints import EXCERPT, tiny_reference
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def inputs(tmp_path_factory, gpt2_checkpoint, gpt2_model_dir) -> dict[str, Path]:
     """What rows copy from: the checkpoint, the fp32 model, an int8 one, a model over another vocabulary."""
     from gptedge.export.exporter import export_model

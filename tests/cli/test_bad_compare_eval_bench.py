@@ -12,6 +12,8 @@ import pytest
 from ..support.checkpoints import tiny_reference, write_checkpoint
 from ..support.invocations import Row, check_row, read_only
 
+pytestmark = pytest.mark.slow  # each row runs the real command in a subprocess
+
 ROWS = [
     Row("markdown-into-read-only-dir", ["compare", "m", "--text", "text.txt", "--markdown", "ro/t.md"], 1,
         "ro is not writable", ("m", "text.txt"), read_only(Path("ro")), modes=True),

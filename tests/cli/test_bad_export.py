@@ -12,6 +12,8 @@ import pytest
 
 from ..support.invocations import Row, check_row, bad_checkpoint, read_only
 
+pytestmark = pytest.mark.slow  # each row runs the real command in a subprocess
+
 ROWS = [
     Row("export-onto-its-source", ["export", "ck", "-o", "ck", "--force"], 2, "ck is the input ck", ("ck",)),
     Row("export-onto-the-folder-holding-it", ["export", "proj/ckpt", "-o", "proj", "--force"], 2,

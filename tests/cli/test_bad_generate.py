@@ -12,6 +12,8 @@ import pytest
 
 from ..support.invocations import Row, check_row, cuda_present, read_only
 
+pytestmark = pytest.mark.slow  # each row runs the real command in a subprocess
+
 ROWS = [
     Row("prompt-not-utf8", ["generate", "m", "-p", os.fsdecode(b"a\xff")], 2,
         "'--prompt': not valid UTF-8 (byte 0xff at offset 1)", ("m",)),

@@ -13,6 +13,8 @@ import pytest
 from ..support.cli import run_cli
 from ..support.invocations import Row, check_row, place, drop_records, edit_manifest, rm
 
+pytestmark = pytest.mark.slow  # each row runs the real command in a subprocess
+
 ROWS = [
     Row("int8-without-manifest", ["info", "q"], 1, "no gptedge.json, yet gptedge wrote this graph", ("q",),
         rm("q/gptedge.json")),

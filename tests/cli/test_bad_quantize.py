@@ -11,6 +11,8 @@ import pytest
 
 from ..support.invocations import Row, check_row, read_only
 
+pytestmark = pytest.mark.slow  # each row runs the real command in a subprocess
+
 ROWS = [
     Row("quantize-onto-its-input", ["quantize", "m", "-o", "m", "--force", "--method", "dynamic"], 2,
         "m is the input m", ("m",)),

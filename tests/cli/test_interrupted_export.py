@@ -15,6 +15,8 @@ import pytest
 from ..support.cli import COMMAND, HOME, run_cli
 from ..support.invocations import place, snapshot
 
+pytestmark = pytest.mark.slow  # real exports in a subprocess, stopped midway
+
 
 def _start_export(work: Path, out: str) -> tuple[subprocess.Popen, Path]:
     """An export running in the background, once its partial dir exists and is marked (it then builds and

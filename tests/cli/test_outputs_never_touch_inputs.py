@@ -16,6 +16,8 @@ import pytest
 from ..support.cli import error_line, run_cli
 from ..support.invocations import Row, place, snapshot
 
+pytestmark = pytest.mark.slow  # each row runs the real command in a subprocess
+
 
 def _calibration_inside_out(w: Path) -> None:
     (w / "out").mkdir()

@@ -24,6 +24,8 @@ from gptedge.runtime.generation.generation import positions
 from ..support.lineage_checkpoints import VARIANTS, VOCAB, variant_model, write_variant_checkpoint
 from ..support.beams import assert_same, transformers_beams
 
+pytestmark = pytest.mark.slow  # transformers' own Llama-style and GPT-NeoX models on every rung
+
 GRAPHS = ("standard", "kv_buffer")
 PROMPTS = ([5, 77, 140, 9, 300], [12], [200, 3, 3, 45, 61, 99, 250, 17, 8])
 

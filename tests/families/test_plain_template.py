@@ -14,6 +14,8 @@ from ..support.checkpoints import GPT2_VOCAB, copy_gpt2_tokenizer
 from ..support.cli import run_gptedge
 from ..support.task_checkpoints import make_checkpoint
 
+pytestmark = pytest.mark.slow  # a fine-tuned transformers checkpoint exported through the command
+
 TEXTS = ["A man sleeps.", "Nobody is awake, and the night is long", "Hi<|endoftext|>", "<|endoftext|>"]
 
 

@@ -32,6 +32,7 @@ def _run(model, i: int):
                                 **options)[0].ids
 
 
+@pytest.mark.slow  # eight threads x 30 tokens, both graphs
 @pytest.mark.parametrize("graph", ["standard", "kv_buffer"])
 def test_eight_threads_get_their_solo_results(gpt2_loaded, gpt2_kv_buffer_loaded, graph):
     model = gpt2_loaded if graph == "standard" else gpt2_kv_buffer_loaded

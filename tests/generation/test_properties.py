@@ -133,6 +133,7 @@ def stream_all(tokenizer, ids, stops=()) -> tuple[str, TextStream]:
     return "".join(pieces), stream
 
 
+@pytest.mark.slow  # 150 texts through the real GPT-2 tokenizer, both ways
 @SETTINGS
 @given(texts)
 def test_ids_round_trip(tokenizer, text):

@@ -1,5 +1,6 @@
 """One pipeline of model-dir checks that load, verify, pack and serve run: each broken case below fails in one
-line naming both values (pack refuses to ship it, verify does not say "verified"). Cases copy a dir a session fixture built, break one thing, and run the command."""
+line naming both values (pack refuses to ship it, verify does not say "verified"). Cases copy a dir a session
+fixture built, break one thing, and run the command."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from gptedge.runtime.verify import FAIL, WARN, verify_model_dir
 
 from ..support.checkpoints import tiny_reference, write_checkpoint
 from ..support.cli import run_gptedge
+
+pytestmark = pytest.mark.slow  # verify / pack / serve through the real command, several exports and packs
 
 
 def copy(src: Path, tmp_path: Path, name: str = "d") -> Path:

@@ -17,6 +17,8 @@ from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.generation.generation import left_pad, positions
 from gptedge.runtime.graphs.argmax_graph import argmax_model
 
+pytestmark = pytest.mark.slow  # fp16 exports and quantizations of both graphs
+
 
 @pytest.fixture(scope="module")
 def kv_fp32(gpt2_kv_buffer_loaded):

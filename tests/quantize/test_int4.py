@@ -88,6 +88,7 @@ RECIPES = [  # (model, block size, symmetric, embedding bits)
 ]
 
 
+@pytest.mark.slow  # a wider model exported, each recipe and its numpy twin run
 @pytest.mark.parametrize("which,block_size,symmetric,embedding_bits", RECIPES)
 def test_int4_parity_with_numpy_dequantized_weights(gpt2_model_dir, wide_model_dir, tmp_path, which, block_size,
                                                     symmetric, embedding_bits):
@@ -128,6 +129,7 @@ def test_int4_structure_and_manifest(gpt2_model_dir, tmp_path):
     assert load(tmp_path / "q", device="cpu").generate("It is a truth", max_new_tokens=4, greedy=True).ids
 
 
+@pytest.mark.slow  # two quantizations compared
 def test_int4_embedding_unpacks_nibbles_and_shrinks(gpt2_model_dir, tmp_path):
     quantize_model_dir(gpt2_model_dir, tmp_path / "e4", QuantizeRecipe("weight-only", bits=4, embedding_bits=4))
     quantize_model_dir(gpt2_model_dir, tmp_path / "e8", QuantizeRecipe("weight-only", bits=4))

@@ -43,6 +43,7 @@ def test_kept_linears_are_8bit_and_the_rest_4bit(gpt2_model_dir, tmp_path):
     assert read_manifest(tmp_path / "q").quantization.recipe == recipe  # read back as written, a tuple again
 
 
+@pytest.mark.slow  # a quantized dir and its numpy twin, both run
 def test_mixed_parity_with_numpy_dequantized_weights(gpt2_model_dir, tmp_path):
     """Float activations: the mixed dir equals the fp32 graph holding numpy's dequantization of each linear at its
     own width (8 bits where kept, 4 elsewhere)."""

@@ -25,6 +25,8 @@ from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, Manifest, ModelShap
 
 from ..support.checkpoints import EXCERPT, ROOT, tiny_config, write_checkpoint
 
+pytestmark = pytest.mark.slow  # every cache type exported, quantized and generated over the whole context
+
 CACHES = ("fp32", "fp16", "int8", "int4")
 CALIBRATION = ROOT / "samples" / "calibration" / "emma_ch1-4.txt"  # not the evaluation excerpt
 ELEMENT = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8, "int4": np.uint8}

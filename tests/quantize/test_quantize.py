@@ -226,6 +226,7 @@ def test_calibration_length_beyond_context_refused_before_any_work(gpt2_model_di
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # static calibration on the text
 def test_static_records_the_windows_it_used(gpt2_model_dir, gpt2_loaded, tmp_path):
     text = EXCERPT.read_text(encoding="utf-8")[:300]
     tokens = len(gpt2_loaded.encode(text))
@@ -239,6 +240,7 @@ def test_static_records_the_windows_it_used(gpt2_model_dir, gpt2_loaded, tmp_pat
     assert json.loads((tmp_path / "s" / "gptedge.json").read_text())["quantization"]["calibration_sequences"] == windows
 
 
+@pytest.mark.slow  # static calibration on the text
 def test_static_temporary_files_stay_inside_the_partial_output(gpt2_model_dir, tmp_path, monkeypatch):
     """ONNX Runtime's augmented model and our own scratch files live in the partial output dir, so a killed
     run leaves nothing elsewhere; the finished dir holds none of them."""

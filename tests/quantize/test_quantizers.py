@@ -123,6 +123,7 @@ def test_awq_chooses_a_scale_that_lowers_the_output_error_on_an_outlier_channel(
     assert np.square(x @ w - (x / s) @ wq).sum() < 0.9 * np.square(x @ w - x @ plain).sum()
 
 
+@pytest.mark.slow  # a quantized dir and its numpy twin, both run
 @pytest.mark.parametrize("bits", [4, 8])
 def test_mse_dir_matches_numpy_dequantization(gpt2_model_dir, tmp_path, bits):
     """Float activations: the dir equals the fp32 graph holding numpy's mse dequantization, and not the plain one's."""
@@ -149,6 +150,7 @@ def gammas(model_dir) -> dict[str, np.ndarray]:
                                                                                                   "ln_2.weight"))}
 
 
+@pytest.mark.slow  # an AWQ search through the command
 def test_cli_awq_folds_scales_into_the_layernorms_and_the_manifest_says_so(gpt2_model_dir, tmp_path):
     runner = CliRunner()
     base = ["quantize", str(gpt2_model_dir), "--method", "weight-only", "--bits", "4", "--calibration", CALIBRATION]

@@ -15,6 +15,8 @@ from gptedge.runtime.errors import QuantizationError
 from gptedge.runtime.modeldir.manifest import ModelShape, read_manifest
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 
+pytestmark = pytest.mark.slow  # each search quantizes and scores several recipes
+
 CALIBRATION = "samples/calibration/emma_ch1-4.txt"
 TWO = (("--bits 4", dict(bits=4)), ("--bits 8 --awq", dict(bits=8, awq=True)))
 

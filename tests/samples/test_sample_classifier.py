@@ -16,6 +16,8 @@ from gptedge.runtime.modeldir.tasks import read_jsonl
 
 from ..support.checkpoints import ROOT
 
+pytestmark = pytest.mark.slow  # the sample classifier exported and run through the real command
+
 pytest.importorskip("torch")
 
 SAMPLE = ROOT / "samples" / "sample-classifier"

@@ -12,6 +12,8 @@ import pytest
 
 from ..support.checkpoints import ROOT
 
+pytestmark = pytest.mark.slow  # runs the training script
+
 pytest.importorskip("torch")
 SCRIPT = ROOT / "samples" / "train_sample_model.py"
 GPT2_FILES = ROOT / "samples" / "tokenizers" / "gpt2"

@@ -13,6 +13,7 @@ from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReas
 from ..support.engine import Collector, staggered_requests, wait_until
 
 
+@pytest.mark.slow  # sixteen generations in the engine and alone, both graphs
 @pytest.mark.parametrize("graph", ["standard", "kv_buffer"])
 def test_sixteen_staggered_requests_get_their_solo_results(gpt2_loaded, gpt2_kv_buffer_loaded, graph):
     model = gpt2_loaded if graph == "standard" else gpt2_kv_buffer_loaded

@@ -155,6 +155,7 @@ def test_list_prompt_echo_and_logprobs(server, solo):
         assert logprob <= 0 and len(top) == 3 and top[token] == logprob == max(top.values())  # greedy: the top one
 
 
+@pytest.mark.slow  # sixteen generations through the server and alone
 def test_sixteen_concurrent_requests_get_their_solo_results(server, solo):
     """Greedy rows equal generate() exactly. Sampled rows in a batch see logits up to ~1e-7 away from solo ones
     (GroupQueryAttention reduces over the batch's shared timeline, where a row's keys sit behind left padding;
@@ -287,6 +288,7 @@ def test_health_models_and_metrics(server, client):
     assert re.search(r'gptedge_http_requests_total\{path="/v1/completions",status="200"\} [1-9]', text)
 
 
+@pytest.mark.slow  # a server of its own per grace, streams of up to 300 tokens
 @pytest.mark.parametrize("grace", [30, 0])
 def test_sigterm_drains_in_flight_requests_and_exits_zero(serve_model_dir, solo, tmp_path, grace):
     s = start_server(serve_model_dir, tmp_path / "serve.log", "--shutdown-timeout", str(grace))

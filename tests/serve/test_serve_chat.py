@@ -18,6 +18,8 @@ pytest.importorskip("jinja2")
 from ..support.openai_errors import openai_error  # noqa: E402 - after the skips: the server needs the extras
 from ..support.server import NAME, run_serve, start_server, stop_server  # noqa: E402
 
+pytestmark = pytest.mark.slow  # three real servers, the command's refusals in subprocesses, transformers' templates
+
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something about Bath."}]

@@ -21,6 +21,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from ..support.server import NAME, start_server, stop_server  # noqa: E402
 
+pytestmark = pytest.mark.slow  # 2,000 generated bodies against a real server
+
 KEY = "fuzz-key"
 BODIES = 2000
 ALLOWED = {200, 400, 404, 413, 429}  # 429: valid requests may pile up behind each other

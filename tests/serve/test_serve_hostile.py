@@ -24,6 +24,8 @@ from ..support.cli import error_line  # noqa: E402
 from ..support.openai_errors import openai_error  # noqa: E402
 from ..support.server import NAME, run_serve, start_server, stop_server  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real server, bounded waits for slow clients, serve's refusals in subprocesses
+
 KEY = "hostile-test-key"
 MAX_BODY = 262144
 TIMEOUT_S = 1  # --header-timeout and --body-timeout of the module's server

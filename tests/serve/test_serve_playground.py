@@ -60,6 +60,7 @@ def test_browser_mode_off_or_not_web_ready(sample_recipe_dirs, gpt2_kv_buffer_lo
     assert client(Playground("m", False, None, "x")).get("/web-model/config.json").status_code == 404
 
 
+@pytest.mark.slow  # a real server, then the command's refusal in a subprocess
 def test_serve_web_option(sample_recipe_dirs, tmp_path):
     """`gptedge serve --web off`: the page still offers the server, not the browser."""
     import httpx

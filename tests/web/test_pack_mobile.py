@@ -12,6 +12,8 @@ import pytest
 
 from gptedge.runtime import load
 
+pytestmark = pytest.mark.slow  # the sample model in four recipes, packed and run by real clients
+
 PROMPTS = ["It is a truth universally acknowledged, that", "The", "Hello"]
 
 

@@ -18,6 +18,8 @@ from gptedge.runtime.modeldir.web_ready import web_readiness
 
 from ..support.cli import run_gptedge
 
+pytestmark = pytest.mark.slow  # the sample model in four recipes, packed and run by real clients
+
 EXPECTED = {"fp32": "onnx/model.onnx", "dynamic": "onnx/model_quantized.onnx", "w8": "onnx/model_int8.onnx",
             "w4": "onnx/model_q4.onnx"}
 

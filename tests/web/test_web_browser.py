@@ -24,6 +24,8 @@ from gptedge.runtime import load
 from ..support.server import start_server, stop_server
 from ..support.web_clients import CHROMIUM, chromium_args, need_chromium
 
+pytestmark = pytest.mark.slow  # the sample model in four recipes, packed and run by real clients
+
 PROMPT = "It is a truth universally acknowledged, that"
 NEW_TOKENS = 32
 
@@ -67,7 +69,6 @@ def generate_on_page(browser, url: str, mode: str) -> tuple[str, str, bool]:
         page.close()
 
 
-@pytest.mark.slow
 def test_playground_from_gptedge_serve(browser, sample_recipe_dirs, want, tmp_path):
     server = start_server(sample_recipe_dirs["fp32"], tmp_path / "serve.log", "--device", "cpu")
     try:
@@ -100,7 +101,6 @@ def static_server(root):
         server.server_close()
 
 
-@pytest.mark.slow
 def test_playground_of_a_static_pack(browser, sample_recipe_dirs, want, tmp_path):
     out = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "gptedge.cli", "pack", str(sample_recipe_dirs["fp32"]),

@@ -13,6 +13,8 @@ import pytest
 from gptedge.runtime import load
 from ..support.web_clients import need_node, run_node
 
+pytestmark = pytest.mark.slow  # the sample model in four recipes, packed and run by real clients
+
 PROMPTS = ["It is a truth universally acknowledged, that", "The", "Hello"]
 NEW_TOKENS = 32
 
@@ -38,6 +40,7 @@ console.log(JSON.stringify(out));
 
 SESSIONS_JS = """
 import * as ort from 'onnxruntime-web';
+
 ort.env.wasm.numThreads = 1;
 const out = {};
 for (const path of process.argv.slice(2)) {
@@ -58,7 +61,6 @@ def packed(sample_recipe_dirs, tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
 def test_transformers_js_gives_gptedge_greedy_ids(packed, sample_recipe_dirs):
     need_node()
     dtypes = {"fp32": "fp32", "dynamic": "q8", "w8": "int8", "w4": "q4"}
