@@ -137,6 +137,7 @@ RECIPES = {"dynamic": QuantizeRecipe("dynamic"), "weight-only": QuantizeRecipe("
            "fp16": QuantizeRecipe("fp16"), "weight-only-float16": QuantizeRecipe("weight-only", float16=True)}
 
 
+@pytest.mark.slow  # every method quantizes two exports
 @pytest.mark.parametrize("name", RECIPES)
 def test_quantized_from_external_weights_equals_from_inline(inline_and_external, tmp_path, monkeypatch, name):
     """The quantizer reads an external-data source tensor by tensor and gets what it gets from an inline one;

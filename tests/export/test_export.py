@@ -33,6 +33,7 @@ def test_rung3_graph_matches_reference_prefill_and_decode(tmp_path, arch, graph,
     assert figures.decode_steps == 4 and figures.batch == 3 and figures.prompt_tokens == 9
 
 
+@pytest.mark.slow  # 64 greedy tokens per prompt through the graph and the reference
 @pytest.mark.parametrize("arch, graph, fused", GRAPHS)
 def test_rung4_greedy_ids_then_text_identical(tmp_path, arch, graph, fused):
     ref = tiny_reference(arch, seed=12)
@@ -122,6 +123,7 @@ def test_failed_validation_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a wider model exported
 def test_large_models_use_external_data(tmp_path, monkeypatch):
     import gptedge.onnx_files as onnx_files
 

@@ -14,6 +14,8 @@ from click.testing import CliRunner
 
 from ..support.checkpoints import tiny_reference, write_checkpoint
 
+pytestmark = pytest.mark.slow  # Hub-layout caches built and exported from, one per test
+
 REV_A = "a" * 40
 REV_B = "b" * 40
 
