@@ -64,6 +64,7 @@ def test_eval_cli_json(gpt2_model_dir, gpt2_checkpoint, gpt2_loaded, tmp_path, s
     assert out["nll"] == pytest.approx(np.log(want), rel=1e-4)
 
 
+@pytest.mark.slow  # compare's every output, the chart drawn
 def test_compare_cli_table_json_markdown_plot(gpt2_model_dir, tmp_path):
     from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 

@@ -204,6 +204,7 @@ def verify(d: Path, *args: str):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # verify hashes every file and repeats the recorded parity run
 def test_verify_passes_a_dir_as_written(dirs):
     for kind in ("fp32", "int4", "external"):
         result = verify(dirs[kind])
@@ -214,6 +215,7 @@ def test_verify_passes_a_dir_as_written(dirs):
         assert lines[-1].endswith("verified")
 
 
+@pytest.mark.slow  # verify hashes every file and repeats the recorded parity run
 def test_verify_lists_every_problem(dirs, tmp_path):
     d = copy(dirs, "fp32", tmp_path)
     edit(d, lambda m: m.update(eos_id=5))
@@ -229,6 +231,7 @@ def test_verify_lists_every_problem(dirs, tmp_path):
     assert data["ok"] is False and sum(f["status"] == "FAIL" for f in data["findings"]) == 4
 
 
+@pytest.mark.slow  # verify hashes every file and repeats the recorded parity run
 def test_verify_reports_an_old_manifest_and_a_missing_fingerprint(dirs, tmp_path):
     d = copy(dirs, "fp32", tmp_path)
     edit(d, no_records)
@@ -239,6 +242,7 @@ def test_verify_reports_an_old_manifest_and_a_missing_fingerprint(dirs, tmp_path
     assert result.returncode == 0 and "warn  parity: no fingerprint recorded" in result.stdout
 
 
+@pytest.mark.slow  # verify hashes every file and repeats the recorded parity run
 def test_verify_repeats_the_recorded_parity_run(dirs, tmp_path):
     """Another graph of the same shape, its files re-recorded so that sizes, hashes and claims all agree: only the
     parity run can tell it is not the model that was exported."""
