@@ -254,7 +254,8 @@ def main() -> int:
         copy, logs = Path(tmp) / "tree", Path(tmp) / "logs"
         logs.mkdir()
         copy_tree(copy)
-        os.environ.update(PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1", GPTEDGE_TEST_CACHE=str(Path(tmp) / "models"))
+        os.environ.update(PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1",
+                          GPTEDGE_TEST_CACHE=str(Path(tmp) / "models"))
         sys.dont_write_bytecode = True
         for m in modules:
             report["modules"].append(run_module(m, config[m], copy, equivalents, earlier, args.sample,

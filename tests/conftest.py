@@ -65,7 +65,8 @@ def gpt2_kv_buffer_loaded(tmp_path_factory, gpt2_checkpoint):
 
 @pytest.fixture(scope="session")
 def task_checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """transformers' fine-tuned classes (tests/support/task_checkpoints.py), tiny and seeded: head name -> checkpoint dir."""
+    """transformers' fine-tuned classes (tests/support/task_checkpoints.py), tiny and seeded: head name -> checkpoint
+    dir."""
     from .support.task_checkpoints import build_checkpoints
 
     return build_checkpoints(tmp_path_factory.mktemp("task-checkpoints"))

@@ -114,7 +114,7 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
                                  shutdown_timeout, limits, max_rows, max_examples, batch_wait)
     template = _read_chat_template(chat_template) if chat_template is not None else None
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads, spin=spin))
-    loaded.tokenizer  # fail on a missing tokenizer before serving
+    _ = loaded.tokenizer  # fail on a missing tokenizer before serving
     context = loaded.manifest.shape.context_length
     if max_tokens_limit is not None and max_tokens_limit > context:
         raise click.BadParameter(f"{max_tokens_limit} is not in the range 1<=x<={context} (the model's context)",

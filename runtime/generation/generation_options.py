@@ -35,7 +35,8 @@ class SamplingParams:
                 raise InvalidArgumentError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not isinstance(self.greedy, bool):
             raise InvalidArgumentError(f"greedy must be true or false, got {self.greedy!r}")
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
             raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidArgumentError(f"top_k must be an integer >= 0, got {self.top_k!r}")

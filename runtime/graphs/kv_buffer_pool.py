@@ -13,8 +13,8 @@ only). Scratch rows cost memory only where a prompt touched them (see _without_h
 All rows share one timeline of T positions: row r's cache is the window [T - len_r, T), and the
 attention mask hides everything before it. A newcomer's prefilled window is copied from the
 scratch row to the end of the timeline (rows move right first if it is longer than T); when
-T reaches max_len, or SLACK positions at its start are needed by no row, rows move left. A finished row is replaced by the last
-row, so the prefix stays dense. Copies cost len positions x layers, e.g. 2.4 MB for a 32-token
+T reaches max_len, or SLACK positions at its start are needed by no row, rows move left. A finished row is replaced by
+the last row, so the prefix stays dense. Copies cost len positions x layers, e.g. 2.4 MB for a 32-token
 prompt of GPT-2 small; nothing is copied on an ordinary decode step.
 """
 
@@ -84,14 +84,14 @@ class SlotPool:
         n = rows.stop - rows.start
         logits = binding.logits[:n]
         binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
-        for past, present, buf in zip(self._names.past_names, self._names.present_names, self.kv):
+        for past, present, buf in zip(self._names.past_names, self._names.present_names, self.kv, strict=True):
             view = buf[rows]  # (n, nh, max_len, hs), contiguous: a prefix or one row
             for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
                 bind(name, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
 
     def _run(self, binding, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> np.ndarray:
         self._inputs = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in (ids, mask, pos))
-        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
+        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs, strict=True):
             binding.bind_cpu_input(name, array)
         self._session.run_with_iobinding(binding)
         return binding.logits[: ids.shape[0], -1, :].astype(np.float32)  # (n, V), a copy
@@ -126,7 +126,7 @@ class SlotPool:
         binding = self._binding(k)  # made per group: a run of k x S positions dwarfs binding 2 x layers arrays
         self._bind_kv(binding, slice(self.capacity, self.capacity + k))
         logits = self._run(binding, ids, mask, pos)  # (k, V)
-        for r, (seq, prompt) in enumerate(zip(seqs, prompts)):
+        for r, (seq, prompt) in enumerate(zip(seqs, prompts, strict=True)):
             self._join(seq, len(prompt), src=self.capacity + r, src_end=longest)
         return logits
 
@@ -144,7 +144,7 @@ class SlotPool:
         mask = np.zeros((n, T + 1), np.int64)  # (n, T + 1): each row sees its own window and the new token
         pos = np.zeros((n, 1), np.int64)
         row_of = {seq: r for r, seq in enumerate(self._rows)}
-        for seq, tok in zip(seqs, tokens):
+        for seq, tok in zip(seqs, tokens, strict=True):
             r = row_of[seq]
             ids[r, 0], pos[r, 0] = tok, self._lengths[r]
             mask[r, T - self._lengths[r]:] = 1

@@ -75,11 +75,11 @@ class SequentialPool:
         return logits
 
     def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        return np.stack([drain(self.prefill(seq, prompt, None)) for seq, prompt in zip(seqs, prompts)])
+        return np.stack([drain(self.prefill(seq, prompt, None)) for seq, prompt in zip(seqs, prompts, strict=True)])
 
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         out = []
-        for seq, tok in zip(seqs, tokens):
+        for seq, tok in zip(seqs, tokens, strict=True):
             state, held = self._states[seq]
             logits = state.run(np.array([[tok]], np.int64), np.ones((1, held + 1), np.int64),
                                np.array([[held]], np.int64))

@@ -27,7 +27,7 @@ class StandardState:
                  C.POSITION_IDS: value(position_ids)}
         if g.keep_last is not None:
             feeds[C.LOGITS_TO_KEEP] = g.keep_last
-        for name, kv in zip(g.names.past_names, self._past):
+        for name, kv in zip(g.names.past_names, self._past, strict=True):
             feeds[name] = value(kv) if isinstance(kv, np.ndarray) else kv
         logits, *self._past = g.session.run_with_ort_values(g.output_names, feeds)
         return logits.numpy()[:, -1, :].astype(np.float32, copy=False)  # (B, V)
@@ -58,7 +58,7 @@ class StandardGraph(GraphVariant):
 
     def forward(self, input_ids, attention_mask, position_ids, past: Sequence[np.ndarray]):
         feeds = {C.INPUT_IDS: input_ids, C.ATTENTION_MASK: attention_mask, C.POSITION_IDS: position_ids}
-        feeds.update(zip(self.names.past_names, past))
+        feeds.update(zip(self.names.past_names, past, strict=True))
         logits, *presents = self.session.run(self.output_names, feeds)
         return logits.astype(np.float32, copy=False), presents
 

@@ -79,7 +79,9 @@ def web_readiness(manifest: Manifest) -> WebReadiness:
     """Whether transformers.js on onnxruntime-web (WASM) runs this dir as packed, and as which dtype."""
     dtype, label = recipe_dtype(manifest)
     if manifest.task is not None:  # transformers.js' text-generation layout: logits over the vocabulary, a cache
-        return WebReadiness(False, None, f"{article(manifest.task.name)} {manifest.task.name} classifier: web packs hold language models "
+        return WebReadiness(False, None,
+                            f"{article(manifest.task.name)} {manifest.task.name} classifier: web packs hold "
+                            "language models "
                                          "(transformers.js text generation)")
     if dtype is None:
         return WebReadiness(False, None, label)

@@ -182,10 +182,10 @@ class Engine:
         shutting down) those already queued are cancelled before the error is raised."""
         if len(requests) != len(on_events):
             raise TypeError(f"submit_all() takes one on_event per request, got {len(on_events)} for {len(requests)}")
-        states = [self._checked(r, e) for r, e in zip(requests, on_events)]
+        states = [self._checked(r, e) for r, e in zip(requests, on_events, strict=True)]
         handles: list[RequestHandle] = []
         try:
-            for request, on_event, state in zip(requests, on_events, states):
+            for request, on_event, state in zip(requests, on_events, states, strict=True):
                 handles.append(self._queue(request, on_event, state))
         except BaseException:
             for h in handles:
@@ -270,7 +270,7 @@ class Engine:
                 self._group = group
                 logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group])
                 self._group = []
-                for active, row in zip(group, logits):
+                for active, row in zip(group, logits, strict=False):
                     self._joined(active, row)
                 return
             active = group[0]
@@ -312,7 +312,7 @@ class Engine:
 
     def _decode_step(self) -> None:
         logits = self.pool.step([a.seq for a in self._running], np.array([a.pending for a in self._running]))
-        for active, row in zip(list(self._running), logits):
+        for active, row in zip(list(self._running), logits, strict=False):
             self._emit_next(active, row)
             if active.state.result.stop:
                 self._running.remove(active)

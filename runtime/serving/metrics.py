@@ -26,7 +26,7 @@ class Histogram:
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
         running = 0
-        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts):
+        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
             running += count
             lines.append(f'{self.name}_bucket{{le="{bound}"}} {running}')
         return lines + [f"{self.name}_sum {self.total}", f"{self.name}_count {self.n}"]

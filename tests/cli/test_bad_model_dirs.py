@@ -45,7 +45,8 @@ ROWS = [
         lambda w: (w / "m" / "gptedge.json").write_text(json.dumps(
             {**(d := json.loads((w / "m" / "gptedge.json").read_text())),
              "inputs": d["inputs"] + ["past_key_values.2.key"]}))),
-    Row("missing-tokenizer", ["generate", "m", "-p", "Hi"], 1, "tokenizer.json is missing (gptedge.json records", ("m",),
+    Row("missing-tokenizer", ["generate", "m", "-p", "Hi"], 1, "tokenizer.json is missing (gptedge.json records",
+        ("m",),
         rm("m/tokenizer.json")),
     Row("missing-tokenizer-old-manifest", ["generate", "m", "-p", "Hi"], 1, "no tokenizer.json", ("m",),
         lambda w: (rm("m/tokenizer.json")(w), drop_records(w / "m" / "gptedge.json"))),

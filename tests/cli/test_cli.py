@@ -24,7 +24,7 @@ def test_help_and_version(runner):
 
 def test_every_command_has_help(runner):
     """`COMMAND -h` for each command (bench and compare's --peers type once broke it on click 8.2+)."""
-    for name, command in main.commands.items():
+    for name in main.commands:
         result = runner.invoke(main, [name, "-h"])
         assert result.exit_code == 0 and result.output.startswith(f"Usage: main {name}"), (name, result.output)
     assert "ctranslate2,llama.cpp,optimum" in runner.invoke(main, ["compare", "-h"]).output
@@ -65,10 +65,12 @@ def test_info_shows_manifest_and_providers(runner, gpt2_model_dir):
     assert "CPUExecutionProvider" in out["providers_available"] and out["providers_used"] == ["CPUExecutionProvider"]
 
 
-# Bad input (docs/design.md#failures-and-bad-input) is in tests/cli/test_bad_*.py, through the real command in a subprocess.
+# Bad input (docs/design.md#failures-and-bad-input) is in tests/cli/test_bad_*.py, through the real command in a
+# subprocess.
 
 
-# --- every option reaches the library (docs/design.md#the-parity-ladder: a test that fails when an option is ignored) -------------
+# --- every option reaches the library (docs/design.md#the-parity-ladder: a test that fails when an option is ignored)
+# -------------
 
 
 class Calls:
@@ -273,7 +275,8 @@ def test_bench_passes_every_option(runner, monkeypatch, gpt2_model_dir, gpt2_che
                                   str(gpt2_checkpoint), "--device", "cpu", "--json"])
     assert result.exit_code == 0, result.output
     (model, prompts, new, threads, repeat, device), _ = ours.calls[0]
-    assert (model, len(prompts), len(prompts[0]), new, threads, repeat, device) == (str(gpt2_model_dir), 2, 5, 7, 1, 2, "cpu")
+    assert (model, len(prompts), len(prompts[0]), new, threads, repeat, device) == (str(gpt2_model_dir), 2, 5, 7, 1, 2,
+                                                                                    "cpu")
     (names, source, _, peer_prompts, new, threads, repeat), _ = peers.calls[0]
     assert names == ["torch", "optimum"] and str(source) == str(gpt2_checkpoint) and peer_prompts == prompts
     assert (new, threads, repeat) == (7, 1, 2)

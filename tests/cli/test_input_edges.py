@@ -16,7 +16,8 @@ from gptedge.runtime.modeldir.tasks import read_jsonl
 
 @pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
 def test_jsonl_lines_end_at_newline_only(separator):
-    text = json.dumps({"text": f"one{separator}line"}, ensure_ascii=False) + "\n\n" + json.dumps({"text": "two"}) + "\r\n"
+    text = json.dumps({"text": f"one{separator}line"},
+                      ensure_ascii=False) + "\n\n" + json.dumps({"text": "two"}) + "\r\n"
     assert read_jsonl(text) == [{"text": f"one{separator}line"}, {"text": "two"}]
 
 

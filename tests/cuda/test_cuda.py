@@ -58,7 +58,8 @@ def _greedy(model_dir, device, n=24):
 
 def test_fp16_greedy_on_cuda_follows_cpu_fp32(dirs):
     want, got = _greedy(dirs["fp32-kv_buffer"], "cpu"), _greedy(dirs["fp16-kv_buffer"], "cuda")
-    lead = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(want, got)]
+    lead = [next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), len(x))
+            for x, y in zip(want, got, strict=True)]
     assert sum(lead) >= 0.75 * sum(map(len, want)), lead
 
 
@@ -104,8 +105,8 @@ def test_info_shows_the_gpu(dirs):
 
 
 def test_cuda_graphs_decode_as_the_ordinary_path(dirs):
-    """Decode steps replayed as CUDA graphs (runtime/graphs/cuda_graph.py) pick the ordinary path's tokens, at batch 1 and
-    on a left-padded batch of 3, in a first generation (capture) and a second (replay); sampling reads the same
+    """Decode steps replayed as CUDA graphs (runtime/graphs/cuda_graph.py) pick the ordinary path's tokens, at batch 1
+    and on a left-padded batch of 3, in a first generation (capture) and a second (replay); sampling reads the same
     logits (same seed, same tokens)."""
     from gptedge.runtime import SessionConfig, load
     from gptedge.runtime.graphs.cuda_graph import GraphDecodeState
@@ -118,8 +119,8 @@ def test_cuda_graphs_decode_as_the_ordinary_path(dirs):
     for batch in (PROMPTS[:1], PROMPTS, PROMPTS):
         want = plain.generate_batch(batch, 24, greedy=True, ignore_eos=True)
         got = graphs.generate_batch(batch, 24, greedy=True, ignore_eos=True)
-        for w, g in zip(want, got):
-            same += next((i for i, (a, b) in enumerate(zip(w.ids, g.ids)) if a != b), len(w.ids))
+        for w, g in zip(want, got, strict=True):
+            same += next((i for i, (a, b) in enumerate(zip(w.ids, g.ids, strict=False)) if a != b), len(w.ids))
             total += len(w.ids)
     assert graphs.variant.cuda_graphs.failed is None
     print(f"CUDA graphs vs ordinary: {same}/{total} leading greedy tokens identical")
@@ -145,12 +146,12 @@ def test_the_engine_on_cuda_serves_from_device_slots_as_generate(dirs):
     engine = Engine(model, max_batch=4, max_queue=16, prefill_chunk=8).start()
     assert isinstance(engine.pool, DeviceSlotPool)
     got = [Collector() for _ in prompts]
-    for p, c in zip(prompts, got):
+    for p, c in zip(prompts, got, strict=True):
         engine.submit(CompletionRequest(tuple(p), 16, sampling=SamplingParams(greedy=True), ignore_eos=True), c)
     assert all(c.finished() for c in got)
     engine.stop(grace_s=1)
     assert model.variant.cuda_graphs.failed is None
-    same = sum(next((i for i, (a, b) in enumerate(zip(w, c.last.generation.ids)) if a != b), len(w))
-               for w, c in zip(solo, got))
+    same = sum(next((i for i, (a, b) in enumerate(zip(w, c.last.generation.ids, strict=False)) if a != b), len(w))
+               for w, c in zip(solo, got, strict=True))
     print(f"engine on CUDA vs generate: {same}/{16 * len(prompts)} leading greedy tokens identical")
     assert same >= 0.9 * 16 * len(prompts)

@@ -43,7 +43,8 @@ def test_the_decode_graph_has_no_logits_to_keep_input_and_nothing_else_changed(k
     data = (kvb / "model.onnx").read_bytes()
     before, after = onnx.load_from_string(data), onnx.load_from_string(decode_graph_bytes(data))
     names = [i.name for i in before.graph.input]
-    assert C.LOGITS_TO_KEEP in names and [i.name for i in after.graph.input] == [n for n in names if n != C.LOGITS_TO_KEEP]
+    assert C.LOGITS_TO_KEEP in names and [i.name for i in after.graph.input] == [n for n in names
+                                                                                 if n != C.LOGITS_TO_KEEP]
     after.graph.input.insert(names.index(C.LOGITS_TO_KEEP), before.graph.input[names.index(C.LOGITS_TO_KEEP)])
     assert after.SerializeToString() == before.SerializeToString()  # put back, byte for byte the original
     with pytest.raises(WireError, match="no input"):
@@ -78,7 +79,7 @@ def test_graph_decoder_logits_equal_ordinary_path(kvb):
     graph_state, plain_state = model.variant.start(3, 16), KVBufferState(model.variant, 3, 16)
     assert isinstance(graph_state, GraphDecodeState)
     pos = positions(mask)
-    for step in range(4):
+    for _ in range(4):
         a = graph_state.run(ids, mask, pos).copy()
         b = plain_state.run(ids, mask, pos).copy()
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

@@ -52,7 +52,7 @@ def test_device_slot_pool_equals_the_cpu_slot_pool(model):
     want = _schedule(SlotPool(model.variant, 4, ctx))
     got = _schedule(_device_pool(model, 4))
     assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(g, w, atol=2e-5, rtol=0, err_msg=f"call {i}")
 
 
@@ -84,7 +84,7 @@ def test_the_engine_through_the_device_slot_pool_gives_solo_greedy_results(model
     engine = Engine(served, max_batch=3, max_queue=16, prefill_chunk=4).start()
     assert isinstance(engine.pool, DeviceSlotPool)
     got = [Collector() for _ in requests]
-    for r, c in zip(requests, got):
+    for r, c in zip(requests, got, strict=True):
         engine.submit(r, c)
     assert all(c.finished() for c in got)
     engine.stop(grace_s=1)

@@ -36,7 +36,7 @@ def test_weight_sink_writes_aligned_external_tensors_and_reads_them_back(tmp_pat
     assert not tensors[0].raw_data and numpy_helper.to_array(tensors[2]).tolist() == [1, 1, 1]
     offsets = [int({e.key: e.value for e in t.external_data}["offset"]) for t in tensors[:2]]
     assert offsets == [0, 3 * onnx_files.ALIGNMENT]  # 9,240 bytes rounded up to the next page
-    for t, want in zip(tensors, (big, ids, np.ones(3, np.float32))):
+    for t, want in zip(tensors, (big, ids, np.ones(3, np.float32)), strict=True):
         got = onnx_files.read_initializer(t, tmp_path)
         assert got.dtype == want.dtype and np.array_equal(got, want)
     # onnx reads the same bytes (a graph holding them as initializers)
@@ -76,11 +76,12 @@ def test_streamed_graph_equals_the_inline_one(tmp_path, monkeypatch):
     export_model(ref, tmp_path / "inline", validate=False)
     monkeypatch.setattr(onnx_files, "EXTERNAL_DATA_THRESHOLD", 1000)
     export_model(ref, tmp_path / "external", validate=False)
-    assert not (tmp_path / "inline" / "model.onnx.data").exists() and (tmp_path / "external" / "model.onnx.data").exists()
+    assert not (tmp_path / "inline" / "model.onnx.data").exists()
+    assert (tmp_path / "external" / "model.onnx.data").exists()
     a, b = (onnx.load(str(tmp_path / d / "model.onnx")) for d in ("inline", "external"))
     assert list(a.graph.node) == list(b.graph.node)
     assert [t.name for t in a.graph.initializer] == [t.name for t in b.graph.initializer]
-    for x, y in zip(a.graph.initializer, b.graph.initializer):
+    for x, y in zip(a.graph.initializer, b.graph.initializer, strict=True):
         assert np.array_equal(numpy_helper.to_array(x), numpy_helper.to_array(y)), x.name
 
 
@@ -176,6 +177,6 @@ def test_4bit_row_chunks_give_the_same_blocks(monkeypatch):
     w = np.random.default_rng(2).normal(size=(70, 64)).astype(np.float32)
     whole = [nm.quantize_4bit(w, 32, sym) for sym in (True, False)]
     monkeypatch.setattr(nm, "ROW_CHUNK", 16)
-    for sym, want in zip((True, False), whole):
+    for sym, want in zip((True, False), whole, strict=True):
         got = nm.quantize_4bit(w, 32, sym)
-        assert all((g is None and x is None) or np.array_equal(g, x) for g, x in zip(got, want))
+        assert all((g is None and x is None) or np.array_equal(g, x) for g, x in zip(got, want, strict=True))

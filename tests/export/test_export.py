@@ -158,7 +158,8 @@ def test_kv_buffer_graph_is_updated_in_place(tmp_path):
 def test_kv_buffer_needs_fused_gpt2(tmp_path):
     from gptedge.runtime.errors import CheckpointError
 
-    with pytest.raises(CheckpointError, match="kv_buffer graph needs GroupQueryAttention; openai-gpt .* PlainAttention only"):
+    with pytest.raises(CheckpointError,
+                       match="kv_buffer graph needs GroupQueryAttention; openai-gpt .* PlainAttention only"):
         export_model(tiny_reference("openai-gpt"), tmp_path / "m", graph_variant="kv_buffer")
     assert not (tmp_path / "m").exists()
 

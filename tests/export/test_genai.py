@@ -93,7 +93,8 @@ def test_genai_greedy_ids_equal_gptedge(genai_dirs, graph, precision):
         assert genai_greedy(model_dir, [ids], NEW)[0] == ours
 
 
-@pytest.mark.parametrize("graph,precision", [(g, p) for g in ("standard", "kv_buffer") for p in ("fp32", "weight-only")])
+@pytest.mark.parametrize("graph,precision",
+                         [(g, p) for g in ("standard", "kv_buffer") for p in ("fp32", "weight-only")])
 def test_genai_batch_equals_gptedge_left_padded_batch(genai_dirs, graph, precision):
     """gptedge's left-padded batch of 4 against GenAI's (right-padded) batch of the same prompts.
 
@@ -108,7 +109,7 @@ def test_genai_batch_equals_gptedge_left_padded_batch(genai_dirs, graph, precisi
 def test_genai_tokenizer_encodes_like_gptedge(genai_dirs):
     model_dir = genai_dirs["kv_buffer", "fp32"]
     tokenizer = og.Tokenizer(og.Model(str(model_dir)))
-    for text, ours in zip(PROMPTS + BATCH, encode(model_dir, PROMPTS + BATCH)):
+    for text, ours in zip(PROMPTS + BATCH, encode(model_dir, PROMPTS + BATCH), strict=True):
         assert list(map(int, tokenizer.encode(text))) == ours
 
 
@@ -162,7 +163,7 @@ def test_genai_seeded_top_k_sampling(genai_dirs):
 
 
 def test_genai_config_fields(genai_dirs):
-    for (graph, precision), model_dir in genai_dirs.items():
+    for (graph, _precision), model_dir in genai_dirs.items():
         config = json.loads((model_dir / "genai_config.json").read_text())
         model, search = config["model"], config["search"]
         assert model["type"] == "decoder" and model["eos_token_id"] == EOS and model["pad_token_id"] == EOS

@@ -92,7 +92,6 @@ def test_weight_names_are_transformers_keys_both_ways(arch):
 
 @pytest.mark.parametrize("arch", ["gpt2", "openai-gpt"])
 def test_config_json_round_trips_through_the_family(arch):
-    from gptedge.export.config import GPTConfig
 
     cfg = tiny_reference(arch, n_inner=48 if arch == "gpt2" else None).cfg
     assert read_hf_config(hf_config(cfg)) == cfg
@@ -143,7 +142,8 @@ def test_half_precision_checkpoints_load_as_fp32(tmp_path, dtype):
 def test_pytorch_model_bin_loads(tmp_path):
     ref = tiny_reference("openai-gpt", seed=7)
     (tmp_path / "config.json").write_text(__import__("json").dumps(hf_config(ref.cfg)))
-    torch.save({family("openai-gpt").hf_name(k): v for k, v in ref.state_dict().items()}, tmp_path / "pytorch_model.bin")
+    torch.save({family("openai-gpt").hf_name(k): v for k, v in ref.state_dict().items()},
+               tmp_path / "pytorch_model.bin")
     loaded, cfg = load_checkpoint(tmp_path)
     assert cfg == ref.cfg
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in ref.state_dict().items())

@@ -30,7 +30,8 @@ class Replay:
     index in [logits, present.0.key, present.0.value, ...], position)."""
 
     def __init__(self, expected, step=None, output=0, where=(), delta=0.0, shape=None):
-        self.expected, self.step, self.output, self.where, self.delta, self.shape = expected, step, output, where, delta, shape
+        self.expected, self.step, self.output = expected, step, output
+        self.where, self.delta, self.shape = where, delta, shape
         self.calls = 0
 
     def empty_past(self, batch):
@@ -98,7 +99,8 @@ def test_top1_agreement_counts_valid_positions(recorded):
     steps, expected = recorded
     logits = expected[0][0]
     other = int(np.argsort(logits[0, 5])[-2])  # row 0's last prompt position: make its runner-up win
-    f = compare_graph_outputs(expected, Replay(expected, step=0, where=(0, 5, other), delta=100.0), steps, tolerance=1e3)
+    f = compare_graph_outputs(expected, Replay(expected, step=0, where=(0, 5, other), delta=100.0), steps,
+                              tolerance=1e3)
     valid = int(steps[0].mask.sum()) + 3 * 3  # prefill positions that are not padding, then 3 decode steps x 3 rows
     assert f.top1_agreement == (valid - 1) / valid
     assert f.output == "logits" and f.index == (0, 5, other)
@@ -106,7 +108,8 @@ def test_top1_agreement_counts_valid_positions(recorded):
 
 def test_a_shape_that_differs_fails(recorded):
     steps, expected = recorded
-    with pytest.raises(ParityError, match=r"^decode 1: present.0.value has shape \[3, 4, 7, 7\], the reference \[3, 4, 7, 8\]"):
+    with pytest.raises(ParityError,
+                       match=r"^decode 1: present.0.value has shape \[3, 4, 7, 7\], the reference \[3, 4, 7, 8\]"):
         compare_graph_outputs(expected, Replay(expected, step=1, output=2, shape=True), steps)
 
 
@@ -120,7 +123,7 @@ def test_graph_steps_are_a_left_padded_prefill_then_decode_steps():
     assert steps[1].pos.tolist() == [[5], [4], [3]] and steps[2].pos.tolist() == [[6], [5], [4]]
     assert all(((s.ids >= 0) & (s.ids < cfg.vocab_size)).all() for s in steps)
     again = graph_steps(cfg, batch=3, prompt_len=5, decode_steps=2, seed=1)
-    assert all((a.ids == b.ids).all() for a, b in zip(steps, again))
+    assert all((a.ids == b.ids).all() for a, b in zip(steps, again, strict=True))
     short = graph_steps(tiny_config(n_positions=6), batch=2, prompt_len=8, decode_steps=3)
     assert short[0].ids.shape == (2, 2) and short[-1].mask.shape == (2, 5)  # prompt + decode steps < context
     one = graph_steps(cfg, batch=4, prompt_len=2, decode_steps=1)
@@ -158,9 +161,11 @@ def test_identical_greedy_ids_pass_with_their_figures():
 
 
 @pytest.mark.parametrize("answers, says", [
-    ([[5, 6, 7, 8], [9, 10, 11, 99, 13, 14]], r"at new token 3 of prompt 1 \(reference \[12\], graph \[99\]; 6 vs 6 tokens\)"),
+    ([[5, 6, 7, 8], [9, 10, 11, 99, 13, 14]],
+     r"at new token 3 of prompt 1 \(reference \[12\], graph \[99\]; 6 vs 6 tokens\)"),
     ([[4, 6, 7, 8], WANT[1]], r"at new token 0 of prompt 0 \(reference \[5\], graph \[4\]; 4 vs 4 tokens\)"),
-    ([[5, 6, 7, 8], [9, 10, 11, 12, 13]], r"at new token 5 of prompt 1 \(reference \[14\], graph \[\]; 6 vs 5 tokens\)"),
+    ([[5, 6, 7, 8], [9, 10, 11, 12, 13]],
+     r"at new token 5 of prompt 1 \(reference \[14\], graph \[\]; 6 vs 5 tokens\)"),
     ([[5, 6, 7, 8, 1], WANT[1]], r"at new token 4 of prompt 0 \(reference \[\], graph \[1\]; 4 vs 5 tokens\)"),
 ])
 def test_greedy_ids_that_differ_anywhere_fail(answers, says):
@@ -183,7 +188,8 @@ def test_the_text_is_compared_too():
 def test_greedy_prompts_come_from_the_tokenizer_when_it_fits_the_vocabulary(gpt2_loaded):
     tok = gpt2_loaded.tokenizer
     prompts = greedy_prompts(50257, tok)
-    assert [tok.decode(p) for p in prompts] == ["It is a truth universally acknowledged", "In the beginning God created",
+    assert [tok.decode(p) for p in prompts] == ["It is a truth universally acknowledged",
+                                                "In the beginning God created",
                                                 "Hello world"]
     for fallback in (greedy_prompts(100, tok, seed=2), greedy_prompts(100, None, seed=2)):
         assert [len(p) for p in fallback] == [1, 5, 11] and max(max(p) for p in fallback) < 100

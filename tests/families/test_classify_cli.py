@@ -29,7 +29,7 @@ def test_text_pair_choices_and_jsonl_print_what_the_api_returns(runner, task_dir
     [got] = run_json(runner, task_dirs["openai-seq"], "It was a truth universally acknowledged.")
     want = api.classify("It was a truth universally acknowledged.")
     assert got["label"] == want.label and got["logits"] == pytest.approx(want.logits, abs=1e-6)
-    assert got["probabilities"] == pytest.approx(dict(zip(want.labels, want.probabilities)), abs=1e-9)
+    assert got["probabilities"] == pytest.approx(dict(zip(want.labels, want.probabilities, strict=True)), abs=1e-9)
 
     entail = runtime.load_classifier(task_dirs["gpt2-seq"], device="cpu")
     [got] = run_json(runner, task_dirs["gpt2-seq"], "--pair", "A man sleeps.", "Nobody is awake.")
@@ -54,7 +54,7 @@ def test_plain_output_is_one_line_an_example_best_label_first(runner, task_dirs)
     result = runner.invoke(main, ["classify", str(task_dirs["openai-seq"]), "Hello there", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     want = runtime.load_classifier(task_dirs["openai-seq"], device="cpu").classify("Hello there")
-    ranked = sorted(zip(want.labels, want.probabilities), key=lambda lp: -lp[1])
+    ranked = sorted(zip(want.labels, want.probabilities, strict=True), key=lambda lp: -lp[1])
     [line] = result.stdout.splitlines()
     assert line == (f"{ranked[0][0]}\t{ranked[0][1]:.4f}\t(" +
                     ", ".join(f"{label} {p:.4f}" for label, p in ranked[1:]) + ")")

@@ -144,7 +144,8 @@ def test_neox_through_export_generate_and_quantize(tmp_path):
     want = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long), do_sample=False,
                        max_new_tokens=16, pad_token_id=2)[0, 5:].tolist()
     assert runtime.load(tmp_path / "m", device="cpu").generate(prompt, max_new_tokens=16, greedy=True).ids == want
-    result = runner.invoke(main, ["quantize", str(tmp_path / "m"), "-o", str(tmp_path / "q"), "--method", "weight-only"])
+    result = runner.invoke(main,
+                           ["quantize", str(tmp_path / "m"), "-o", str(tmp_path / "q"), "--method", "weight-only"])
     assert result.exit_code == 0, result.output
     assert len(runtime.load(tmp_path / "q", device="cpu").generate(prompt, max_new_tokens=8, greedy=True).ids) >= 1
 

@@ -72,7 +72,8 @@ def test_rung1_reference_matches_transformers(checkpoints, variant):
     ids, mask = padded_batch()
     pos = positions(mask)
     with torch.no_grad():
-        want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), position_ids=torch.from_numpy(pos)).logits
+        want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                  position_ids=torch.from_numpy(pos)).logits
         got, _ = reference(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(pos))
     valid = torch.from_numpy(mask).bool()
     assert (want[valid] - got[valid]).abs().max().item() <= 1e-5
@@ -107,7 +108,7 @@ def test_rung3_graph_matches_reference(checkpoints, exported, variant, graph):
     ids, mask = padded_batch(2)
     rng = np.random.default_rng(3)
     past, ref_past, worst = loaded.empty_past(3), None, 0.0
-    for step in range(4):  # the prefill, then 3 decode steps
+    for _ in range(4):  # the prefill, then 3 decode steps
         pos = positions(mask)[:, -ids.shape[1]:]
         with torch.no_grad():
             want, ref_past = reference(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(pos), ref_past)
@@ -115,7 +116,7 @@ def test_rung3_graph_matches_reference(checkpoints, exported, variant, graph):
         valid = mask[:, -ids.shape[1]:].astype(bool)
         worst = max(worst, float(np.abs(got - want.numpy())[valid].max()))
         keys = mask.astype(bool)  # (B, T): padding positions of the cache are compared nowhere
-        for (k, v), pk, pv in zip(ref_past, past[0::2], past[1::2]):
+        for (k, v), pk, pv in zip(ref_past, past[0::2], past[1::2], strict=True):
             assert pk.shape == tuple(k.shape) and pk.shape[1] == cfg.kv_heads
             for a, b in ((k, pk), (v, pv)):
                 worst = max(worst, float(np.abs(a.numpy() - b).transpose(0, 2, 1, 3)[keys].max()))

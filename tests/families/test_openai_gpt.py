@@ -92,7 +92,7 @@ def test_beam_search_equals_transformers(gpt1):
     prompts = [[40, 1001, 7, 23456, 311, 2], [977, 12]]
     options = dict(num_beams=4, length_penalty=1.0, early_stopping=False, num_return_sequences=2)
     ours = model.beam_search(prompts, max_new_tokens=8, **options)
-    for got, prompt in zip(ours, prompts):
+    for got, prompt in zip(ours, prompts, strict=True):
         assert_same([got], transformers_beams(gpt1 / "ck", [prompt], 8, eos=None, pad=0, **options))
         assert len(got.sequences) == 2 and all(len(s) == 8 for s in got.sequences)  # no eos: full length
 

@@ -51,7 +51,7 @@ def test_classify_equals_transformers_on_a_plain_checkpoint(tmp_path, pad):
     clf = load_classifier(tmp_path / "out", device="cpu")
     model = hf_model(ck)
     got = clf.classify_batch(TEXTS)
-    for text, result in zip(TEXTS, got):
+    for text, result in zip(TEXTS, got, strict=True):
         ids = clf.tokenizer.encode(text, add_special_tokens=False).ids
         with torch.no_grad():
             want = torch.softmax(model(torch.tensor([ids])).logits[0].double(), -1).numpy()

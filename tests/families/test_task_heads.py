@@ -133,7 +133,7 @@ def test_entailment_is_start_premise_delimiter_hypothesis_extract(checkpoints, d
     rows = [[START, *tokenize(ck, p), DELIM, *tokenize(ck, h), EXTRACT] for p, h in pairs]
     want = hf_sequence_logits(hf_model(ck), rows)  # (3, 3)
     results = clf.classify_batch(pairs)  # one right-padded batch
-    for result, w in zip(results, want):
+    for result, w in zip(results, want, strict=True):
         assert result.labels == tuple(LABELS.values())
         np.testing.assert_allclose(result.logits, w, atol=1e-4)
         np.testing.assert_allclose(result.probabilities, softmax(w.astype(np.float64)), atol=1e-5)

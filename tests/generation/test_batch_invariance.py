@@ -41,7 +41,7 @@ def test_one_length_batches_equal_one_by_one_generation_exactly(quantized, recip
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, model.manifest.shape.vocab_size, 12).tolist() for _ in range(16)]
     batch = model.generate_batch(prompts, max_new_tokens=12, greedy=True, ignore_eos=True)
-    for prompt, row in zip(prompts, batch):
+    for prompt, row in zip(prompts, batch, strict=True):
         assert row.ids == model.generate(prompt, max_new_tokens=12, greedy=True, ignore_eos=True).ids
     together = last_logits(model, prompts)
     alone = np.concatenate([last_logits(model, [p]) for p in prompts])

@@ -87,8 +87,9 @@ def test_return_sequences_are_the_best_first_with_their_scores(peaked):
     model = load(peaked / "standard", device="cpu")
     three = model.beam_search(PROMPTS, max_new_tokens=10, num_beams=3, early_stopping=True, num_return_sequences=3)
     one = model.beam_search(PROMPTS, max_new_tokens=10, num_beams=3, early_stopping=True, num_return_sequences=1)
-    for a, b in zip(three, one):
-        assert a.scores == sorted(a.scores, reverse=True) and b.sequences == a.sequences[:1] and b.scores == a.scores[:1]
+    for a, b in zip(three, one, strict=True):
+        assert a.scores == sorted(a.scores,
+                                  reverse=True) and b.sequences == a.sequences[:1] and b.scores == a.scores[:1]
         assert a.prompt_ids in PROMPTS and a.texts is None  # no tokenizer in this dir: no texts
 
 

@@ -89,7 +89,8 @@ def test_repetition_penalty_acts_when_sampling_too():
 
 def test_greedy_with_a_repetition_penalty_takes_the_penalised_argmax():
     logits = np.array([3.0, 2.0, -1.0], dtype=np.float32)  # seen: token 0 -> 3 / 2 = 1.5 < 2
-    for params in (SamplingParams(greedy=True, repetition_penalty=2.0), SamplingParams(temperature=0, repetition_penalty=2.0),
+    for params in (SamplingParams(greedy=True, repetition_penalty=2.0),
+                   SamplingParams(temperature=0, repetition_penalty=2.0),
                    SamplingParams(top_k=1, repetition_penalty=2.0)):
         assert select_token(logits, params, np.random.default_rng(0), [0]) == 1
 
@@ -155,5 +156,6 @@ def test_sampling_params_are_frozen():
 def test_only_the_three_greedy_forms_are_greedy():
     assert SamplingParams(greedy=True).is_greedy and SamplingParams(temperature=0).is_greedy
     assert SamplingParams(top_k=1).is_greedy
-    for params in (SamplingParams(), SamplingParams(top_k=2), SamplingParams(temperature=1e-3), SamplingParams(top_p=0.01)):
+    for params in (SamplingParams(), SamplingParams(top_k=2), SamplingParams(temperature=1e-3),
+                   SamplingParams(top_p=0.01)):
         assert not params.is_greedy

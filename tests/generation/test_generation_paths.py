@@ -153,7 +153,7 @@ class Events(list):
 
 def run(engine, *requests):
     got = [Events() for _ in requests]
-    for r, g in zip(requests, got):
+    for r, g in zip(requests, got, strict=True):
         engine.submit(r, g)
     for g in got:
         assert g.done.wait(60)

@@ -27,8 +27,8 @@ anything = st.one_of(st.none(), st.integers(-5, 5), st.floats(allow_nan=True, al
 
 
 def _valid(temperature, top_k, top_p, repetition_penalty, seed) -> bool:
-    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
-    integer = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731 - a one-line local helper
+    integer = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731 - a one-line local helper
     return (number(temperature) and math.isfinite(temperature) and temperature >= 0
             and integer(top_k) and top_k >= 0
             and number(top_p) and 0 < top_p <= 1
@@ -79,7 +79,7 @@ def test_top_p_keeps_the_smallest_nucleus(logits, p):
 def test_select_token_stays_in_the_filtered_set_and_is_reproducible(logits, k, p, temperature, penalty, seed, seen):
     seen = [s for s in seen if s < len(logits)]
     params = SamplingParams(temperature=temperature, top_k=k, top_p=p, repetition_penalty=penalty, seed=seed)
-    pick = lambda: select_token(logits.astype(np.float32), params, np.random.default_rng(seed), seen)  # noqa: E731
+    pick = lambda: select_token(logits.astype(np.float32), params, np.random.default_rng(seed), seen)  # noqa: E731 - a one-line local helper
     token = pick()
     assert 0 <= token < len(logits) and token == pick()
     if params.is_greedy:
@@ -150,7 +150,7 @@ def test_any_byte_split_streams_to_the_whole_decode(tokenizer, byte_ids, text, d
     raw = text.encode("utf-8")
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(raw) - 1)), max_size=len(raw))))
     ids = []
-    for a, b in zip([0, *cuts], [*cuts, len(raw)]):
+    for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True):
         piece = raw[a:b]
         try:  # a piece that is whole UTF-8 goes through the BPE; one that splits a character, byte by byte
             ids += encode(tokenizer, piece.decode("utf-8"))

@@ -90,11 +90,12 @@ def test_batch_with_left_padding_equals_one_at_a_time(gpt2_loaded, gpt2_kv_buffe
     model = gpt2_loaded if graph == "standard" else gpt2_kv_buffer_loaded
     prompts = ["Hello world", "It is a truth universally acknowledged that", "In"]
     batch = model.generate_batch(prompts, max_new_tokens=16, **sampling)
-    for prompt, got in zip(prompts, batch):
+    for prompt, got in zip(prompts, batch, strict=True):
         alone = model.generate(prompt, max_new_tokens=16, **sampling)
         assert got.ids == alone.ids and got.text == alone.text
     if graph == "kv_buffer":  # and both graphs agree
-        assert [g.ids for g in batch] == [g.ids for g in gpt2_loaded.generate_batch(prompts, max_new_tokens=16, **sampling)]
+        assert [g.ids for g in batch] == [g.ids for g in gpt2_loaded.generate_batch(prompts, max_new_tokens=16,
+                                                                                    **sampling)]
 
 
 def test_runtime_runs_with_torch_unimportable(gpt2_model_dir):
@@ -157,7 +158,8 @@ def test_sampling_params_passed_whole_or_as_fields(gpt2_loaded):
     params = SamplingParams(top_k=20, temperature=0.8, seed=5)
     whole = gpt2_loaded.generate("Hello", 10, sampling=params)
     assert whole.ids == gpt2_loaded.generate("Hello", 10, top_k=20, temperature=0.8, seed=5).ids
-    assert whole.ids != gpt2_loaded.generate("Hello", 10, sampling=SamplingParams(top_k=20, temperature=0.8, seed=6)).ids
+    assert whole.ids != gpt2_loaded.generate("Hello", 10,
+                                             sampling=SamplingParams(top_k=20, temperature=0.8, seed=6)).ids
     streamed = gpt2_loaded.stream("Hello", 10, sampling=params)
     assert "".join(streamed) == whole.text and streamed.result.ids == whole.ids
     with pytest.raises(TypeError, match="not both"):

@@ -33,7 +33,7 @@ def test_repetition_penalty_divides_positive_multiplies_negative():
 
 
 def test_greedy_forms_and_seeded_sampling():
-    rng = lambda: np.random.default_rng(7)  # noqa: E731
+    rng = lambda: np.random.default_rng(7)  # noqa: E731 - a one-line local helper
     seen = np.array([], dtype=np.int64)
     for params in (SamplingParams(greedy=True), SamplingParams(temperature=0), SamplingParams(top_k=1)):
         assert select_token(LOGITS, params, rng(), seen) == 4

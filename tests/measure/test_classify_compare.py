@@ -83,11 +83,11 @@ def expected(model_dirs, lines: list[dict], multiple_choice: bool) -> list[dict]
     for p in probs:
         top = [int(np.argmax(x)) for x in p]
         confusion = [[0] * size for _ in range(size)]
-        for g, t in zip(gold, top):
+        for g, t in zip(gold, top, strict=True):
             confusion[g][t] += 1
-        kl = [sum(a * (np.log(a) - np.log(b)) for a, b in zip(r, x)) for r, x in zip(ref, p)]
-        out.append(dict(accuracy=sum(t == g for t, g in zip(top, gold)) / len(gold),
-                        agreement=sum(t == int(np.argmax(r)) for t, r in zip(top, ref)) / len(gold),
+        kl = [sum(a * (np.log(a) - np.log(b)) for a, b in zip(r, x, strict=True)) for r, x in zip(ref, p, strict=True)]
+        out.append(dict(accuracy=sum(t == g for t, g in zip(top, gold, strict=True)) / len(gold),
+                        agreement=sum(t == int(np.argmax(r)) for t, r in zip(top, ref, strict=True)) / len(gold),
                         kl=sum(kl) / len(kl), confusion=confusion))
     return out
 
@@ -101,7 +101,7 @@ def test_figures_are_what_classify_batch_gives(runner, dirs, tmp_path, name, mul
     rows = compare_json(runner, *model_dirs, "--labelled", path, "--markdown", md)
     want = expected(model_dirs, lines, multiple_choice)
     assert [r["model"] for r in rows] == list(map(str, model_dirs))
-    for row, w, d in zip(rows, want, model_dirs):
+    for row, w, d in zip(rows, want, model_dirs, strict=True):
         assert row["examples"] == len(lines)
         assert row["accuracy"] == pytest.approx(w["accuracy"], abs=1e-12)
         assert row["agreement"] == pytest.approx(w["agreement"], abs=1e-12)
@@ -114,7 +114,7 @@ def test_figures_are_what_classify_batch_gives(runner, dirs, tmp_path, name, mul
     # the markdown file holds every dir's confusion matrix, rows gold, columns predicted
     text = md.read_text(encoding="utf-8")
     for row in rows:
-        for label, counts in zip(row["labels"], row["confusion"]):
+        for label, counts in zip(row["labels"], row["confusion"], strict=True):
             assert f"| {label} | " + " | ".join(map(str, counts)) + " |" in text
     assert text.count("Confusion, ") == 2
 
@@ -139,7 +139,7 @@ def test_accuracy_follows_the_gold_labels(dirs):
     task = clf.task
     for wrong in (0, 5, 18):
         labelled = [{**x, "label": p if i >= wrong else LABELS[(LABELS.index(p) + 1) % 3]}
-                    for i, (x, p) in enumerate(zip(lines, predicted))]
+                    for i, (x, p) in enumerate(zip(lines, predicted, strict=True))]
         text = "".join(json.dumps(x) + "\n" for x in labelled)
         [row] = compare_classifiers([clf], read_labelled(task, text), repeats=1)
         assert row.accuracy == pytest.approx((18 - wrong) / 18)

@@ -77,7 +77,8 @@ def test_compare_cli_table_json_markdown_plot(gpt2_model_dir, tmp_path):
     result = runner.invoke(main, [*args, "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
-    keys = {"model", "size_bytes", "perplexity", "delta_ppl_pct", "top1_agreement", "kl", "greedy_agreement", "tokens_per_s"}
+    keys = {"model", "size_bytes", "perplexity", "delta_ppl_pct", "top1_agreement", "kl", "greedy_agreement",
+            "tokens_per_s"}
     assert [r["method"] for r in rows] == ["fp32", "dynamic"] and keys <= set(rows[0])
     ref, dyn = rows
     assert ref["kl"] == pytest.approx(0, abs=1e-12) and ref["top1_agreement"] == 1 and ref["delta_ppl_pct"] == 0

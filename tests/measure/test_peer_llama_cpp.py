@@ -1,8 +1,8 @@
 """compare --peers llama.cpp: where the converter is found, and (where llama_cpp is installed) the GGUF
 peer's logits, figures and greedy ids against llama.cpp's own API and PyTorch's reference.
 
-The llama.cpp rows need llama-cpp-python (built from source, docs/performance.md#building-llama-cpp-python) and its sdist's converter
-($GPTEDGE_LLAMA_CPP_SOURCE); they are skipped only where `llama_cpp` is not importable.
+The llama.cpp rows need llama-cpp-python (built from source, docs/performance.md#building-llama-cpp-python) and its
+sdist's converter ($GPTEDGE_LLAMA_CPP_SOURCE); they are skipped only where `llama_cpp` is not importable.
 """
 
 from __future__ import annotations
@@ -58,10 +58,12 @@ def _tar(path, names: list[str]) -> None:
 def test_unpack_converter_takes_the_converter_and_its_packages_only(tmp_path):
     top = "llama_cpp_python-0.3.36"
     _tar(tmp_path / "s.tar.gz", [f"{top}/vendor/llama.cpp/{CONVERTER}", f"{top}/vendor/llama.cpp/conversion/base.py",
-                                 f"{top}/vendor/llama.cpp/gguf-py/gguf/__init__.py", f"{top}/vendor/llama.cpp/src/llama.cpp",
+                                 f"{top}/vendor/llama.cpp/gguf-py/gguf/__init__.py",
+                                 f"{top}/vendor/llama.cpp/src/llama.cpp",
                                  f"{top}/llama_cpp/llama.py", f"{top}/README.md"])
     got = unpack_converter(tmp_path / "s.tar.gz", tmp_path / "work")
-    assert got == tmp_path / "work" / "llama.cpp" / CONVERTER and got.read_text() == f"# {top}/vendor/llama.cpp/{CONVERTER}\n"
+    assert got == tmp_path / "work" / "llama.cpp" / CONVERTER
+    assert got.read_text() == f"# {top}/vendor/llama.cpp/{CONVERTER}\n"
     files = sorted(str(p.relative_to(got.parent)) for p in got.parent.rglob("*") if p.is_file())
     assert files == sorted([CONVERTER, "conversion/base.py", "gguf-py/gguf/__init__.py"])
     _tar(tmp_path / "other.tar.gz", [f"{top}/README.md"])
@@ -117,15 +119,17 @@ def test_q8_0_differs_from_f32_by_a_small_finite_kl(llama_run):
     rows, scorers, ids = llama_run
     r = rows["llama.cpp Q8_0"]
     assert math.isfinite(r.kl) and 1e-8 < r.kl < 1e-4 and 0.9 < r.top1_agreement < 1.0, r
-    assert r.peer and r.engine.startswith("llama-cpp-python ") and r.method == "llama.cpp Q8_0" and r.precision == "int8"
+    assert r.peer and r.engine.startswith("llama-cpp-python ")
+    assert r.method == "llama.cpp Q8_0" and r.precision == "int8"
     assert r.size_bytes < 0.5 * rows["llama.cpp F32"].size_bytes
     x = np.asarray(ids[:64], dtype=np.int64)
     assert np.abs(scorers["llama.cpp Q8_0"].logits(x) - scorers["llama.cpp F32"].logits(x)).max() > 1e-3
 
 
 def test_q4_0_figures_and_greedy_against_llama_cpps_own_api(llama_run, llama, gpt2_checkpoint, tmp_path):
-    """Q4_0 (Q8_0's KL on this tiny model is too small to tell the two directions apart): KL(ref‖q) and top-1 from PyTorch's reference and a Llama of the same GGUF evaluated here; greedy ids by
-    recomputing the whole sequence and taking the argmax of its last position."""
+    """Q4_0 (Q8_0's KL on this tiny model is too small to tell the two directions apart): KL(ref‖q) and top-1 from
+    PyTorch's reference and a Llama of the same GGUF evaluated here; greedy ids by recomputing the whole sequence and
+    taking the argmax of its last position."""
     import torch
 
     from gptedge.export.checkpoint import load_checkpoint

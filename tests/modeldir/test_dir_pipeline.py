@@ -124,7 +124,8 @@ def test_pack_refuses_two_checkpoints_in_one_site(gpt2_model_dir, other_checkpoi
 
 def test_pack_of_an_ort_format_dir_is_one_line(sample_recipe_dirs, tmp_path):
     mobile = tmp_path / "ort"
-    assert run_gptedge("pack", str(sample_recipe_dirs["dynamic"]), "--target", "mobile", "-o", str(mobile)).returncode == 0
+    assert run_gptedge("pack", str(sample_recipe_dirs["dynamic"]), "--target", "mobile", "-o",
+                       str(mobile)).returncode == 0
     for target, says in (("web", "is in the ORT format"), ("mobile", "is already in the ORT format")):
         done = run_gptedge("pack", str(mobile), "--target", target, "-o", str(tmp_path / target),
                        *(["--no-page"] if target == "web" else []))

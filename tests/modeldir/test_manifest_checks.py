@@ -15,7 +15,7 @@ from gptedge.runtime import load
 from gptedge.runtime.errors import ModelDirError
 from gptedge.runtime.checks.graph_check import manifest_from_hf_dir
 from gptedge.runtime.modeldir.manifest import (FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelShape, Quantization,
-                                      QuantizedParity, Source, read_manifest, write_manifest)
+                                      QuantizedParity, Source, read_manifest)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,8 @@ BAD_FIELDS = [  # (dotted field, value, words of the one-line error)
     ("parity.greedy_vs_reference.surprise", 1, "manifest.parity.greedy_vs_reference has an unknown field 'surprise'"),
     ("quantization", {"method": "dynamic", "quantized_nodes": {"MatMul": "2"}},
      "manifest.quantization.quantized_nodes should be int, got '2'"),
-    ("quantization", {"method": "dynamic", "quantized_nodes": [1]}, "manifest.quantization.quantized_nodes should be dict"),
+    ("quantization", {"method": "dynamic", "quantized_nodes": [1]},
+     "manifest.quantization.quantized_nodes should be dict"),
     ("quantization", {"bits": 4}, "manifest.quantization is malformed"),
 ]
 
@@ -101,11 +102,13 @@ def test_each_field_is_checked(written, tmp_path, field, value, says):
 
 def test_values_of_the_right_type_pass_and_round_trip(written, tmp_path):
     m = Manifest.from_dict(edited(edited(written, "parity.graph_vs_reference.max_abs_diff", 0), "eos_id", None))
-    assert m.parity.graph_vs_reference.max_abs_diff == 0.0 and isinstance(m.parity.graph_vs_reference.max_abs_diff, float)
+    assert m.parity.graph_vs_reference.max_abs_diff == 0.0 and isinstance(m.parity.graph_vs_reference.max_abs_diff,
+                                                                          float)
     assert m.eos_id is None and isinstance(m.inputs, tuple) and isinstance(m.parity.graph_vs_reference.index, tuple)
     q = Manifest.from_dict(edited(written, "quantization", {"method": "dynamic", "quantized_nodes": {"MatMul": 4}}))
     assert q.quantization.quantized_nodes == {"MatMul": 4} and q.quantization.bits == 8
-    # write_manifest also records the model files' sizes and hashes (tests/modeldir/test_model_integrity.py); the JSON itself
+    # write_manifest also records the model files' sizes and hashes (tests/modeldir/test_model_integrity.py); the JSON
+    # itself
     # round-trips through to_dict / read_manifest
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(m.to_dict()))
     assert read_manifest(tmp_path) == m and read_manifest(tmp_path).to_dict() == m.to_dict()
@@ -115,8 +118,10 @@ def test_unreadable_manifests(tmp_path):
     with pytest.raises(ModelDirError) as e:
         read_manifest(tmp_path)
     assert str(e.value) == f"{tmp_path}: no gptedge.json (not a gptedge model directory)"
-    for text, says in ((b"{not json", "corrupt manifest (Expecting"), (b"\xff\xfe{}", "corrupt manifest ('utf-8' codec"),
-                       (b"[1, 2]", "corrupt manifest (no 'shape')"), (b'{"format_version": 1}', "corrupt manifest (no 'shape')")):
+    for text, says in ((b"{not json", "corrupt manifest (Expecting"),
+                       (b"\xff\xfe{}", "corrupt manifest ('utf-8' codec"),
+                       (b"[1, 2]", "corrupt manifest (no 'shape')"),
+                       (b'{"format_version": 1}', "corrupt manifest (no 'shape')")):
         (tmp_path / MANIFEST_NAME).write_bytes(text)
         with pytest.raises(ModelDirError) as e:
             read_manifest(tmp_path)
@@ -135,7 +140,8 @@ def test_defaults_labels_and_the_checkpoint_behind_a_dir():
     assert Quantization("dynamic").label == "dynamic"
     assert Quantization("weight-only", float16=True).label == "weight-only, fp16 activations"
     assert Quantization("fp16", bits=16).label == "fp16"
-    assert Quantization("weight-only", bits=4, block_size=64, symmetric=False).label == "weight-only int4 b64 asym, emb int8"
+    assert Quantization("weight-only", bits=4, block_size=64,
+                        symmetric=False).label == "weight-only int4 b64 asym, emb int8"
     assert Quantization("weight-only", bits=4, symmetric=True, embedding_bits=4).label == "weight-only int4 b32 sym"
     assert Quantization("weight-only", bits=8, embedding_bits=4).label == "weight-only int8 b32 asym, emb int4"
     assert Source(path="/ck").checkpoint == "/ck"
@@ -145,9 +151,11 @@ def test_defaults_labels_and_the_checkpoint_behind_a_dir():
 
 def test_the_defaults_a_manifest_records():
     assert Source().imported_from is None and Source().path is None and Source().contrib_ops == ()
-    assert QuantizedParity(0.1, 0.9, "ids").device == "cpu" and QuantizedParity(0.1, 0.9, "ids").greedy_agreement is None
+    assert QuantizedParity(0.1, 0.9, "ids").device == "cpu" and QuantizedParity(0.1, 0.9,
+                                                                                "ids").greedy_agreement is None
     q = Quantization("dynamic")
-    assert (q.weights, q.activations, q.embedding_and_lm_head, q.kept_float, q.attention_products, q.quantized_nodes) == \
+    assert (q.weights, q.activations, q.embedding_and_lm_head, q.kept_float, q.attention_products,
+            q.quantized_nodes) == \
         ("", "", "", "", "float", {})
     m = Manifest(ModelShape("gpt2", 1, 1, 1, 2, 2), inputs=("input_ids",))
     assert m.outputs == () and m.to_dict()["outputs"] == [] and m.to_dict()["source"]["imported_from"] is None

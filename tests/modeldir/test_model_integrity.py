@@ -1,6 +1,6 @@
 """A model dir is not trusted blindly: each way it can give silently wrong results (a manifest, config or graph
-that disagree) fails at load in one line naming both values, and `gptedge verify` lists every problem, hashes every file and repeats
-the recorded parity run. Each case copies a freshly exported tiny dir, breaks one thing, and loads it."""
+that disagree) fails at load in one line naming both values, and `gptedge verify` lists every problem, hashes every file
+and repeats the recorded parity run. Each case copies a freshly exported tiny dir, breaks one thing, and loads it."""
 
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ def _random_bytes_into_data(d: Path) -> None:
 
 # (id, dir kind, how to break it, what the one line must say)
 CASES = [
-    ("model_file-absolute", "fp32", lambda d, dirs: edit(d, lambda m: m.update(model_file=str(dirs["dynamic"] / "model.onnx"))),
+    ("model_file-absolute", "fp32", lambda d,
+     dirs: edit(d, lambda m: m.update(model_file=str(dirs["dynamic"] / "model.onnx"))),
      "is not a plain path inside the model directory"),
     ("model_file-dotdot", "fp32", lambda d, dirs: (shutil.copytree(dirs["dynamic"], d.parent / "other"),
                                                    edit(d, lambda m: m.update(model_file="../other/model.onnx"))),
@@ -112,7 +113,8 @@ CASES = [
      "gptedge.json says graph kv_buffer, the graph's I/O contract is standard's"),
     ("graph-kv_buffer-said-standard", "kv_buffer", lambda d, dirs: edit(d, lambda m: m.update(graph="standard")),
      "gptedge.json says graph standard, the graph's I/O contract is kv_buffer's"),
-    ("dynamic-graph-copied-in", "fp32", lambda d, dirs: shutil.copyfile(dirs["dynamic"] / "model.onnx", d / "model.onnx"),
+    ("dynamic-graph-copied-in", "fp32", lambda d,
+     dirs: shutil.copyfile(dirs["dynamic"] / "model.onnx", d / "model.onnx"),
      "model.onnx is"),
     ("dynamic-graph-copied-in-old-manifest", "fp32",
      lambda d, dirs: (shutil.copyfile(dirs["dynamic"] / "model.onnx", d / "model.onnx"), edit(d, no_records)),

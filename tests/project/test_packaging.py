@@ -36,7 +36,7 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 @pytest.mark.slow
 def test_wheel_in_fresh_venv(tmp_path, gpt2_model_dir):
-    run = lambda *cmd, **kw: subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900, **kw)  # noqa: E731
+    run = lambda *cmd, **kw: subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900, **kw)  # noqa: E731 - a one-line local helper
     built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path / "dist"), str(ROOT))
     # A quiet setup: setuptools has nothing to warn about (the license table, data folders taken for packages).
     for noise in ("SetuptoolsDeprecationWarning", "is absent from the `packages` configuration"):

@@ -132,7 +132,8 @@ def test_toy_peer_engine(registered, runner, gpt2_model_dir, gpt2_checkpoint, tm
                                   "--threads", "1", "--peers", TOY_PEER, "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["rows"]
-    assert [r["name"] for r in rows] == [f"gptedge {gpt2_model_dir.name}", "toy peer (gptedge itself)"] and rows[1]["decode_tok_s"] > 0
+    assert [r["name"] for r in rows] == [f"gptedge {gpt2_model_dir.name}",
+                                         "toy peer (gptedge itself)"] and rows[1]["decode_tok_s"] > 0
     (tmp_path / "t.txt").write_text("It is a truth universally acknowledged, that a single man " * 8, encoding="utf-8")
     result = runner.invoke(main, ["compare", str(gpt2_model_dir), "--text", str(tmp_path / "t.txt"), "--prompts", "2",
                                   "--new-tokens", "4", "--threads", "1", "--device", "cpu", "--peers", TOY_PEER,

@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"gptedge": ROOT / "gptedge", "gptedge.export": ROOT / "export", "gptedge.quantize": ROOT / "quantize",
             "gptedge.runtime": ROOT / "runtime"}
-OPTIONAL = {"torch", "onnx", "onnxruntime", "matplotlib", "starlette", "uvicorn", "jinja2", "safetensors", "huggingface_hub",
+OPTIONAL = {"torch", "onnx", "onnxruntime", "matplotlib", "starlette", "uvicorn", "jinja2", "safetensors",
+            "huggingface_hub",
             "transformers", "optimum", "ctranslate2", "llama_cpp", "onnxruntime_genai"}
 LIGHT_CLI = OPTIONAL | {"numpy"}  # the CLI defers numpy too: --help loads every command module
 # `import gptedge.runtime` stays free of numpy (the CLI imports it at --help): its load() defers the model module.
@@ -76,7 +77,7 @@ def import_sites(known: dict[str, Path], third_party: dict[str, set[str]] | None
     top: dict[str, set[str]] = {m: set() for m in known}
     inside: list[tuple[str, str]] = []
     for module, path in known.items():
-        def visit(node: ast.AST, in_function: bool) -> None:
+        def visit(node: ast.AST, in_function: bool, module: str = module, path: Path = path) -> None:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.If) and _is_type_checking(child) and not annotations:
                     continue

@@ -43,7 +43,7 @@ def test_fp16_halves_every_float_but_the_logits(kv_fp32, kv_fp16):
     types = {v.name: v.type.tensor_type.elem_type for v in (*half.graph.input, *half.graph.output)}
     assert types["logits"] == onnx.TensorProto.FLOAT
     assert types["past_key_values.0.key"] == types["present.0.value"] == onnx.TensorProto.FLOAT16
-    size = lambda d: (d / "model.onnx").stat().st_size  # noqa: E731
+    size = lambda d: (d / "model.onnx").stat().st_size  # noqa: E731 - a one-line local helper
     assert size(kv_fp16) < 0.6 * size(kv_fp32)
     manifest = json.loads((kv_fp16 / "gptedge.json").read_text())
     assert manifest["precision"] == "fp16" and manifest["quantization"]["method"] == "fp16"
@@ -114,7 +114,8 @@ def test_argmax_graph_is_valid_onnx_and_matches_numpy():
 @pytest.mark.parametrize("graph", ["kv_buffer", "standard"])
 def test_device_pick_is_the_argmax_of_the_logits(kv_fp32, gpt2_model_dir, graph):
     """run_argmax through the one-node ArgMax session bound to the logits buffer (what a GPU does), forced on
-    the CPU for the kv_buffer graph, equals numpy's argmax of run() for 6 greedy steps; the standard graph's is numpy's."""
+    the CPU for the kv_buffer graph, equals numpy's argmax of run() for 6 greedy steps; the standard graph's is
+    numpy's."""
     model = load(kv_fp32 if graph == "kv_buffer" else gpt2_model_dir, device="cpu")
     model.variant.pick_on_device = graph == "kv_buffer"
     ids, mask = left_pad([[3, 4, 5, 6], [7, 8]], 0)

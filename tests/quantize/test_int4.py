@@ -175,7 +175,8 @@ def test_cli_int4_options(gpt2_model_dir, tmp_path):
     for args, message in [
         (["--method", "dynamic", "--bits", "4"], "--bits applies to --method weight-only only"),
         (["--method", "dynamic", "--asymmetric"], "--symmetric/--asymmetric applies to --method weight-only"),
-        (["--method", "weight-only", "--asymmetric"], "asymmetric applies to 4-bit weights (bits 4)"),  # the recipe's rule
+        # the recipe's rule
+        (["--method", "weight-only", "--asymmetric"], "asymmetric applies to 4-bit weights (bits 4)"),
         (["--method", "weight-only", "--bits", "3"], "'3' is not one of"),
         (["--method", "weight-only", "--bits", "4", "--block-size", "64"], "--block-size 64 does not divide n_embd"),
         (["--method", "weight-only", "--block-size", "1024"], "--block-size 1024 does not divide n_embd 32"),

@@ -146,7 +146,7 @@ def test_serve_pool_prefills_a_group_with_a_quantized_cache(loaded):
         got = [[int(t)] for t in tokens]
         for _ in range(9):
             tokens = pool.step([0, 1], tokens).argmax(-1)
-            for ids, t in zip(got, tokens):
+            for ids, t in zip(got, tokens, strict=True):
                 ids.append(int(t))
         assert got == want, cache
 
@@ -168,7 +168,7 @@ def test_scales_are_the_calibrated_max_over_qmax(cache_dirs, loaded):
         pos = np.arange(L)[None]  # the oracle: the fp32 source's presents, read off a plain forward
         _, presents = source.forward(window, np.ones_like(window), pos, source.empty_past(1))
         seen = [np.abs(p).max(axis=(0, 2)) for p in presents]  # (nh, hs)
-        amax = seen if amax is None else [np.maximum(a, s) for a, s in zip(amax, seen)]
+        amax = seen if amax is None else [np.maximum(a, s) for a, s in zip(amax, seen, strict=True)]
     key0 = scales["kv_cache.0.key_scale"]
     assert key0.shape == (1, shape.n_head, 1, shape.head_dim)
     np.testing.assert_allclose(key0[0, :, 0], amax[0] * kv.MARGIN["int8"] / 127, rtol=1e-6)

@@ -95,7 +95,7 @@ def test_4bit_rows_in_chunks_equal_rows_at_once(monkeypatch):
         monkeypatch.setattr(nm, "ROW_CHUNK", 3)
         parts = nm.quantize_4bit(w, 4, symmetric)
         monkeypatch.setattr(nm, "ROW_CHUNK", 4096)
-        for a, b in zip(whole, parts):
+        for a, b in zip(whole, parts, strict=True):
             assert (a is None and b is None) or (a.shape == b.shape and (a == b).all())
 
 

@@ -72,7 +72,8 @@ def test_every_linear_and_the_tied_weight_quantized(quantized_dirs):
     assert ops["dynamic"]["DynamicQuantizeMatMul"] == 0
     assert ops["weight-only"]["MatMulNBits"] == 4 * n_layer + 1
     static = graph(quantized_dirs["static"][1])
-    dq_weights = [n.input[0] for n in static.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized")]
+    dq_weights = [n.input[0] for n in static.graph.node if n.op_type == "DequantizeLinear"
+                  and n.input[0].endswith("_quantized")]
     assert len(dq_weights) == 4 * n_layer + 1
     # ... and every linear's activation passes through a calibrated Quantize/Dequantize pair.
     producer = {o: n for n in static.graph.node for o in n.output}
@@ -117,11 +118,13 @@ def test_dynamic_per_tensor_folds_biases_into_one_kernel(gpt2_model_dir, tmp_pat
     producer = {o: n for n in dynamic.graph.node for o in n.output}
     consts = {t.name for t in dynamic.graph.initializer}
     assert not [n for n in dynamic.graph.node if n.op_type == "Add" and any(i in consts for i in n.input)
-                and any(producer.get(i) is not None and producer[i].op_type == "DynamicQuantizeMatMul" for i in n.input)]
+                and any(producer.get(i) is not None and producer[i].op_type == "DynamicQuantizeMatMul"
+                        for i in n.input)]
 
 
 def test_reduced_range_weights_stay_within_7_bits(quantized_dirs, gpt2_model_dir, tmp_path):
-    """The default dynamic recipe stores weights in -63..63 (no int16 saturation on AVX2); --full-range uses -127..127."""
+    """The default dynamic recipe stores weights in -63..63 (no int16 saturation on AVX2); --full-range uses
+    -127..127."""
     def int8_extremes(model_dir):
         return max(int(np.abs(onnx.numpy_helper.to_array(t).astype(np.int32)).max())
                    for t in graph(model_dir).graph.initializer if t.data_type == onnx.TensorProto.INT8)
@@ -142,7 +145,7 @@ def _batched_vs_solo(model, prompts):
     diff = float(np.abs(last(prompts) - np.concatenate([last([p]) for p in prompts])).max())
     together = model.generate_batch(prompts, max_new_tokens=6, greedy=True, ignore_eos=True)
     same = sum(t.ids == model.generate(p, max_new_tokens=6, greedy=True, ignore_eos=True).ids
-               for t, p in zip(together, prompts))
+               for t, p in zip(together, prompts, strict=True))
     return diff, same
 
 
@@ -188,7 +191,8 @@ def test_quantized_attention_option(tmp_path):
 
 
 def test_quantized_attention_refused_on_fused_attention(gpt2_model_dir, gpt2_kv_buffer_loaded, tmp_path):
-    for source, op in ((gpt2_model_dir, "MultiHeadAttention"), (gpt2_kv_buffer_loaded.model_dir, "GroupQueryAttention")):
+    for source, op in ((gpt2_model_dir, "MultiHeadAttention"),
+                       (gpt2_kv_buffer_loaded.model_dir, "GroupQueryAttention")):
         with pytest.raises(QuantizationError, match=f"needs a graph exported with --plain-ops.*{op}"):
             quantize_model_dir(source, tmp_path / "qa", QuantizeRecipe("dynamic", quantize_attention=True))
         assert not (tmp_path / "qa").exists()

@@ -48,7 +48,8 @@ def test_mse_search_lowers_the_4bit_block_error_in_the_same_layout(symmetric, ga
     rtn = nm.quantize_4bit(w, 32, symmetric, search=False)
     plain = nm.quantize_4bit(w, 32, symmetric)
     mse = nm.quantize_4bit(w, 32, symmetric, scale_search="mse")
-    for a, b in zip(plain, mse):  # the layout: same arrays, shapes and types (zero points: None where symmetric)
+    # the layout: same arrays, shapes and types (zero points: None where symmetric)
+    for a, b in zip(plain, mse, strict=True):
         assert (a is None and b is None) or (a.shape == b.shape and a.dtype == b.dtype)
     e_rtn, e_plain, e_mse = (block_errors(w, nm.dequantize_4bit(*q), 32) for q in (rtn, plain, mse))
     assert (e_mse <= e_plain * (1 + 1e-6)).all()  # never worse on any block: plain's candidates are among its own
@@ -79,7 +80,8 @@ def ln_linear_model(k=64, n=48, seed=0) -> tuple[onnx.ModelProto, dict[str, np.n
     """x -> LayerNormalization(gamma, beta) -> MatMul(W) -> Add(b) -> y; and a second MatMul on x (no LayerNorm)."""
     rng = np.random.default_rng(seed)
     inits = {"g": rng.uniform(0.5, 2, k).astype(np.float32), "b": rng.standard_normal(k).astype(np.float32),
-             "w": rng.standard_normal((k, n)).astype(np.float32) * 0.1, "bias": rng.standard_normal(n).astype(np.float32),
+             "w": rng.standard_normal((k, n)).astype(np.float32) * 0.1,
+             "bias": rng.standard_normal(n).astype(np.float32),
              "w2": rng.standard_normal((k, n)).astype(np.float32)}
     nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], name="ln", axis=-1),
              helper.make_node("MatMul", ["ln", "w"], ["mm"], name="lin"),

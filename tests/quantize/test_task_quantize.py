@@ -1,5 +1,6 @@
 """Classifier dirs quantized with every method: they load, keep their task, quantize the embedding (the head's
-linear only when asked: it stays fp32 by default), and agree with fp32 on real text (entailment pairs and multiple-choice examples cut from the eval excerpt).
+linear only when asked: it stays fp32 by default), and agree with fp32 on real text (entailment pairs and
+multiple-choice examples cut from the eval excerpt).
 
 Measured on these tiny seeded models (2026-11-25, onnxruntime 1.32, AVX2; 40 examples each), label agreement /
 mean KL(fp32 || quantized) over the labels:

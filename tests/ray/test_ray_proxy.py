@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from gptedge.serve.ray_proxy import ReplicaLossAnswers, proxy_middlewares  # noqa: E402
+from gptedge.serve.ray_proxy import ReplicaLossAnswers, proxy_middlewares  # noqa: E402 - after the optional-dependency skips above
 
 
 def run_asgi(app, path: str = "/v1/completions") -> list[dict]:

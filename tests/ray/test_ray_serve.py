@@ -20,9 +20,9 @@ ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
 pytest.importorskip("ray.serve", reason="the [ray] extra is not installed")
 httpx = pytest.importorskip("httpx")
 
-from gptedge.serve.ray_local import LocalCluster, NodeSpec, free_port  # noqa: E402
+from gptedge.serve.ray_local import LocalCluster, NodeSpec, free_port  # noqa: E402 - after the optional-dependency skips above
 
-from ..support.ray_cluster import (KEY, NAME, Answer, app_running, client, complete, config_from_yaml,  # noqa: E402
+from ..support.ray_cluster import (KEY, NAME, Answer, app_running, client, complete, config_from_yaml,  # noqa: E402 - after the optional-dependency skips above
                           delete_app, deploy_config, replica_states, serve_run, wait_for)
 
 pytestmark = pytest.mark.ray
@@ -119,7 +119,7 @@ def test_sixteen_concurrent_mixed_requests_equal_generate_on_both_replicas(main_
             return await asyncio.gather(*(complete(http, b) for b in bodies))
 
     got = asyncio.run(asyncio.wait_for(run(), 300))
-    for body, a in zip(bodies, got):
+    for body, a in zip(bodies, got, strict=True):
         w = want(solo, body)
         assert a.status == 200 and a.error is None, a
         assert (a.text, a.finish_reason, a.completion_tokens) == (w.text, reason(w), len(w.ids))
@@ -171,8 +171,10 @@ def test_errors_models_and_health_are_gptedge_serve_s(main_app, solo):
             kw = {"content": payload} if isinstance(payload, bytes) else {"json": payload} if payload else {}
             d = direct.request(method, path, headers=headers, **kw)
             r = httpx.request(method, f"{main_app}{path}", headers=headers, timeout=60, **kw)
-            strip = (lambda j: {**j, "data": [{**m, "created": 0} for m in j["data"]]} if "data" in j
-                     else {**j, "created": 0} if "created" in j else j)
+
+            def strip(j: dict) -> dict:
+                return ({**j, "data": [{**m, "created": 0} for m in j["data"]]} if "data" in j
+                        else {**j, "created": 0} if "created" in j else j)
             assert (r.status_code, strip(r.json())) == (d.status_code, strip(d.json())), (method, path)
             assert r.headers.get("www-authenticate") == d.headers.get("www-authenticate")
             assert r.headers.get("x-gptedge-replica")
@@ -188,7 +190,7 @@ def test_killed_replica_fails_only_its_requests_cleanly_and_is_replaced(main_app
     async def run():
         async with client(main_app, deadline_s=120) as http:
             started = [asyncio.Event() for _ in streams]
-            tasks = [asyncio.ensure_future(complete(http, b, e)) for b, e in zip(streams, started)]
+            tasks = [asyncio.ensure_future(complete(http, b, e)) for b, e in zip(streams, started, strict=True)]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)  # all under way
             tasks += [asyncio.ensure_future(complete(http, b)) for b in wholes]
             await asyncio.sleep(0.3)  # the whole ones reach their replicas
@@ -207,7 +209,7 @@ def test_killed_replica_fails_only_its_requests_cleanly_and_is_replaced(main_app
             "server_error", a
     for a in survivors:  # the other replica's requests finish with generate's text
         assert a.status == 200 and a.error is None, a
-    for body, a in zip(streams + wholes, got):
+    for body, a in zip(streams + wholes, got, strict=True):
         if a in survivors:
             assert a.text == want(solo, body).text
     for a in got[len(streams):]:  # whole completions: finished by the survivor, or a 503 to retry

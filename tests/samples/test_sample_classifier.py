@@ -55,7 +55,7 @@ def test_classify_names_the_novel_of_held_out_passages(exported):
     clf = runtime.load_classifier(exported, device="cpu")
     results = clf.classify_batch([e["text"] for e in examples])
     for label in LABELS:
-        sure = [(r.probabilities[r.index], e) for r, e in zip(results, examples)
+        sure = [(r.probabilities[r.index], e) for r, e in zip(results, examples, strict=True)
                 if r.label == label and max(r.probabilities) > 0.9]
         picked = [e for _, e in sorted(sure, key=lambda pe: -pe[0])[:2]]
         assert picked and all(e["label"] == label for e in picked), label
@@ -70,7 +70,7 @@ def test_recorded_held_out_accuracy_is_what_the_export_measures(exported):
     examples = read_jsonl(HELD_OUT.read_text(encoding="utf-8"))
     assert len(examples) >= 300 and {e["label"] for e in examples} == set(LABELS)
     results = runtime.load_classifier(exported, device="cpu").classify_batch([e["text"] for e in examples])
-    accuracy = sum(r.label == e["label"] for r, e in zip(results, examples)) / len(examples)
+    accuracy = sum(r.label == e["label"] for r, e in zip(results, examples, strict=True)) / len(examples)
     log = json.loads((SAMPLE / "training_log.json").read_text())
     assert log["log"][-1]["held_out_accuracy"] == pytest.approx(accuracy, abs=1e-4)
     readme = (SAMPLE / "README.md").read_text()
@@ -111,7 +111,8 @@ def test_the_training_script_refuses_outputs_that_would_lose_data(tmp_path, out,
 
     (tmp_path / "existing").mkdir()
     (tmp_path / "corpus").mkdir()
-    args = ["--corpus", str(tmp_path / "corpus"), "--out", out.format(tmp=tmp_path), "--eval-out", eval_out.format(tmp=tmp_path)]
+    args = ["--corpus", str(tmp_path / "corpus"), "--out", out.format(tmp=tmp_path), "--eval-out",
+            eval_out.format(tmp=tmp_path)]
     before = sorted(p.name for p in (ROOT / "samples" / "sample-model").iterdir())
     result = subprocess.run([sys.executable, str(ROOT / "samples" / "train_sample_classifier.py"), *args],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)

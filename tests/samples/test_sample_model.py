@@ -76,7 +76,7 @@ def test_eval_perplexity_equals_pytorch(sample_dirs, excerpt_ids):
 def test_int8_methods_within_thresholds(sample_dirs, excerpt_ids):
     models = [load(sample_dirs / m, device="cpu") for m in ("fp32", *THRESHOLDS)]
     rows = compare(models, excerpt_ids, prompts=4, new_tokens=16)
-    for method, row in zip(THRESHOLDS, rows[1:]):
+    for method, row in zip(THRESHOLDS, rows[1:], strict=True):
         max_dppl, min_top1, max_kl = THRESHOLDS[method]
         assert row.method == method
         assert abs(row.delta_ppl_pct) <= max_dppl, (method, row)

@@ -30,7 +30,7 @@ def test_sixteen_staggered_requests_get_their_solo_results(gpt2_loaded, gpt2_kv_
     for c in got:
         assert c.finished()
     engine.stop(grace_s=1)
-    for r, want, c in zip(requests, solo, got):
+    for r, want, c in zip(requests, solo, got, strict=True):
         result = c.last.generation
         assert "".join(e.text for e in c.events) == result.text  # streamed pieces add up to the text
         assert [e.token_id for e in c.events if e.token_id is not None] == result.ids

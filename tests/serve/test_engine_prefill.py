@@ -54,7 +54,7 @@ def _run(model, requests, budget, max_batch=8, fail_groups=False):
     engine = Engine(model, max_batch=max_batch, max_queue=64, prefill_chunk=budget)
     engine.pool = RecordingPool(engine.pool, fail_groups)
     got = [Collector() for _ in requests]
-    for r, c in zip(requests, got):  # all queued before the engine starts: one burst
+    for r, c in zip(requests, got, strict=True):  # all queued before the engine starts: one burst
         engine.submit(r, c)
     engine.start()
     for c in got:
@@ -85,7 +85,7 @@ def test_a_burst_of_short_prompts_is_prefilled_in_runs_of_the_budget(gpt2_loaded
     assert sum(k for _, k, _ in prefills) == len(requests)  # every newcomer prefilled exactly once
     assert len(prefills) < len(requests)  # some prefilled together, not one run each
     assert all(positions <= 3 * longest for _, _, positions in prefills)
-    for r, c in zip(requests, got):  # left padding in a group changes no greedy token
+    for r, c in zip(requests, got, strict=True):  # left padding in a group changes no greedy token
         assert c.last.generation.ids == model.generate(list(r.prompt_ids), 6, greedy=True, ignore_eos=True).ids
 
 
@@ -108,7 +108,7 @@ def test_a_running_row_waits_at_most_one_budgeted_prefill_run(gpt2_kv_buffer_loa
             between += 1
             assert positions <= budget and between <= 1, runs
     assert [kind for kind, _, _ in runs].count("chunk") >= 3  # the long prompt went in budget-sized chunks
-    for r, c in zip(requests, got):
+    for r, c in zip(requests, got, strict=True):
         assert c.last.generation.ids == model.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True,
                                                        ignore_eos=True).ids
 

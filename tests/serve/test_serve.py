@@ -21,7 +21,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from ..support.openai_errors import openai_error  # noqa: E402 - after the skips: the server needs the extras
-from ..support.server import NAME, start_server, stop_server  # noqa: E402
+from ..support.server import NAME, start_server, stop_server  # noqa: E402 - after the optional-dependency skips above
 
 KEY = "test-key"
 MAX_BATCH, MAX_QUEUE = 4, 24
@@ -134,7 +134,7 @@ def test_list_prompt_echo_and_logprobs(server, solo):
     body = {"model": NAME, "prompt": prompts, "max_tokens": 10, "temperature": 0}
     got = post(server, body).json()
     assert [c["index"] for c in got["choices"]] == [0, 1, 2]
-    for c, p in zip(got["choices"], prompts):
+    for c, p in zip(got["choices"], prompts, strict=True):
         assert c["text"] == solo_text(solo, p, 10, temperature=0).text
     for ids in ([[1, 2, 3], [4, 5]], [7, 8, 9]):  # token-id prompts: a list of them, or one
         by_ids = post(server, {**body, "prompt": ids}).json()["choices"]
@@ -143,7 +143,7 @@ def test_list_prompt_echo_and_logprobs(server, solo):
     assert openai_error(post(server, {**body, "prompt": ["Hi", [1, 2]]}), 400)["param"] == "prompt"  # no mixing
 
     echoed = post(server, {**body, "echo": True}).json()
-    for c, e, p in zip(got["choices"], echoed["choices"], prompts):
+    for c, e, p in zip(got["choices"], echoed["choices"], prompts, strict=True):
         assert e["text"] == (p if isinstance(p, str) else solo.decode(p)) + c["text"]
 
     with_lp = post(server, {**body, "prompt": "Hello world", "logprobs": 3}).json()["choices"][0]
@@ -151,7 +151,7 @@ def test_list_prompt_echo_and_logprobs(server, solo):
     assert with_lp["text"] == got["choices"][0]["text"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 10
     assert "".join(lp["tokens"]) == with_lp["text"]
-    for token, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+    for token, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
         assert logprob <= 0 and len(top) == 3 and top[token] == logprob == max(top.values())  # greedy: the top one
 
 
@@ -185,7 +185,7 @@ def test_sixteen_concurrent_requests_get_their_solo_results(server, solo):
             return await asyncio.gather(*(one(http, b) for b in requests))
 
     got = asyncio.run(asyncio.wait_for(all_of_them(), 300))
-    for body, (text, reason) in zip(requests, got):
+    for body, (text, reason) in zip(requests, got, strict=True):
         sampling = {k: body[k] for k in ("temperature", "top_k", "top_p", "seed", "repetition_penalty") if k in body}
         want = solo_text(solo, body["prompt"], body["max_tokens"], body["stop"] or (), **sampling)
         if body.get("temperature") == 0:  # greedy: token for token, whatever the batch (docs/serving.md)

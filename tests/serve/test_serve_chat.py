@@ -16,7 +16,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("jinja2")
 
 from ..support.openai_errors import openai_error  # noqa: E402 - after the skips: the server needs the extras
-from ..support.server import NAME, run_serve, start_server, stop_server  # noqa: E402
+from ..support.server import NAME, run_serve, start_server, stop_server  # noqa: E402 - after the optional-dependency skips above
 
 pytestmark = pytest.mark.slow  # three real servers, the command's refusals in subprocesses, transformers' templates
 

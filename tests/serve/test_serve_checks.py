@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402 - after the optional-dependency skips above
 
-from gptedge.runtime.serving.engine import Engine  # noqa: E402
-from gptedge.serve.app import RETRY_AFTER_S, Generating, ServeState, create_app  # noqa: E402
+from gptedge.runtime.serving.engine import Engine  # noqa: E402 - after the optional-dependency skips above
+from gptedge.serve.app import RETRY_AFTER_S, Generating, ServeState, create_app  # noqa: E402 - after the optional-dependency skips above
 
-from ..support.openai_errors import openai_error  # noqa: E402
+from ..support.openai_errors import openai_error  # noqa: E402 - after the optional-dependency skips above
 
 KEY = "secret-key"
 NAME = "tiny"
@@ -97,8 +97,9 @@ def test_logprobs_are_those_of_the_sampled_token(app, gpt2_loaded, sampling):
     assert [gpt2_loaded.decode([i]) for i in generated] == lp["tokens"]
     want = model_logprobs(gpt2_loaded, prompt, generated)
     np.testing.assert_allclose(lp["token_logprobs"], want[np.arange(len(generated)), generated], atol=1e-4)
-    assert any(int(np.argmax(w)) != t for w, t in zip(want, generated))  # off the greedy path: some draw not the best
-    for row, top in zip(want, lp["top_logprobs"]):
+    # off the greedy path: some draw not the best
+    assert any(int(np.argmax(w)) != t for w, t in zip(want, generated, strict=True))
+    for row, top in zip(want, lp["top_logprobs"], strict=True):
         best = np.argsort(-row)[:3]
         assert list(top) == [gpt2_loaded.decode([int(i)]) for i in best]  # best first
         np.testing.assert_allclose(list(top.values()), row[best], atol=1e-4)
@@ -196,11 +197,14 @@ def test_refusals_have_their_status_and_code(app, gpt2_loaded):
     assert e["message"] == "the model 'gpt-4' does not exist; this server serves 'tiny'"
     assert openai_error(client.get("/v1/models/other", headers={"Authorization": f"Bearer {KEY}"}), 404)["code"] == \
         "model_not_found"
-    assert openai_error(post(client, None, content=b"{nope"), 400)["message"].startswith("the request body is not valid JSON")
-    assert openai_error(post(client, None, content=b"\xff\xfe"), 400)["message"].startswith("the request body is not valid JSON")
+    assert openai_error(post(client, None, content=b"{nope"),
+                        400)["message"].startswith("the request body is not valid JSON")
+    assert openai_error(post(client, None, content=b"\xff\xfe"),
+                        400)["message"].startswith("the request body is not valid JSON")
     long = gpt2_loaded.encode("one two three four " * 60)[:128]
     e = openai_error(post(client, {"prompt": long}), 400)
-    assert (e["code"], e["param"]) == ("context_length_exceeded", "prompt") and e["message"].endswith("; shorten the prompt")
+    assert (e["code"], e["param"]) == ("context_length_exceeded",
+                                       "prompt") and e["message"].endswith("; shorten the prompt")
     e = openai_error(post(client, {"prompt": [50257]}), 400)
     assert e["param"] == "prompt" and e["message"] == "token id 50257 is outside the vocabulary (0..50256)"
     assert openai_error(post(client, {"prompt": ""}), 400)["message"] == "a prompt is empty: give at least one token"
@@ -224,7 +228,8 @@ def test_busy_stopping_and_stopped_servers(gpt2_loaded):
     state, client = serving(gpt2_loaded, max_queue=0)  # never started: every request finds the queue full
     r = post(client, {"prompt": "Hi"})
     e = openai_error(r, 429)
-    assert (e["code"], e["type"]) == ("queue_full", "rate_limit_error") and r.headers["Retry-After"] == str(RETRY_AFTER_S)
+    assert (e["code"], e["type"]) == ("queue_full",
+                                      "rate_limit_error") and r.headers["Retry-After"] == str(RETRY_AFTER_S)
     assert e["message"] == "the server is busy (0 requests are waiting (--max-queue 0)); retry shortly"
     state.stopping = True
     assert client.get("/health").status_code == 503 and client.get("/health").json() == {"status": "shutting down"}

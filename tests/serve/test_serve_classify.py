@@ -86,7 +86,7 @@ def test_results_equal_classify_batch_for_every_task(task_dirs, tmp_path_factory
         assert got["object"] == "classification" and got["model"] == NAME and got["id"].startswith("clf-")
         want = clf.classify_batch(examples)
         assert len(got["data"]) == len(examples)
-        for i, (entry, w) in enumerate(zip(got["data"], want)):
+        for i, (entry, w) in enumerate(zip(got["data"], want, strict=True)):
             _same(entry, i, w, keyed)
         rows = sum(len(r) for e in examples for r in clf.example_rows(e))
         assert got["usage"] == {"prompt_tokens": rows, "total_tokens": rows}
@@ -116,7 +116,7 @@ def test_concurrent_requests_share_one_run(task_dirs, tmp_path_factory):
                 return await asyncio.gather(*(http.post("/v1/classify", json={"input": [e]}) for e in examples))
 
         got = asyncio.run(asyncio.wait_for(all_of_them(), 300))
-        for r, w in zip(got, want):
+        for r, w in zip(got, want, strict=True):
             assert r.status_code == 200, r.text
             _same(r.json()["data"][0], 0, w, keyed=True)
         m = s.metrics()
@@ -150,7 +150,8 @@ def test_error_paths(server, task_dirs):
     assert error["code"] == "context_length_exceeded" and f"{MAX_TEXT_BYTES + 1:,} bytes" in error["message"]
     assert openai_error(post(server, {"input": [["A", "B"]] * (MAX_EXAMPLES + 1)}), 413)["code"] == "too_many_examples"
     assert openai_error(post(server, {"input": ["A" * MAX_BODY, "B"]}), 413)["code"] == "request_too_large"
-    assert openai_error(post(server, None, content=b"{not json"), 400)["message"] == "the request body is not valid JSON"
+    assert openai_error(post(server, None, content=b"{not json"),
+                        400)["message"] == "the request body is not valid JSON"
     assert openai_error(post(server, {"model": "gpt-4", "input": ["A", "B"]}), 404)["code"] == "model_not_found"
     for key in (None, "wrong"):
         assert openai_error(post(server, {"input": ["A", "B"]}, key=key), 401)["code"] == "invalid_api_key"

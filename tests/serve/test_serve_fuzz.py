@@ -16,10 +16,10 @@ hypothesis = pytest.importorskip("hypothesis")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402 - after the optional-dependency skips above
+from hypothesis import strategies as st  # noqa: E402 - after the optional-dependency skips above
 
-from ..support.server import NAME, start_server, stop_server  # noqa: E402
+from ..support.server import NAME, start_server, stop_server  # noqa: E402 - after the optional-dependency skips above
 
 pytestmark = pytest.mark.slow  # 2,000 generated bodies against a real server
 

@@ -20,9 +20,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from ..support.cli import error_line  # noqa: E402
-from ..support.openai_errors import openai_error  # noqa: E402
-from ..support.server import NAME, run_serve, start_server, stop_server  # noqa: E402
+from ..support.cli import error_line  # noqa: E402 - after the optional-dependency skips above
+from ..support.openai_errors import openai_error  # noqa: E402 - after the optional-dependency skips above
+from ..support.server import NAME, run_serve, start_server, stop_server  # noqa: E402 - after the optional-dependency skips above
 
 pytestmark = pytest.mark.slow  # a real server, bounded waits for slow clients, serve's refusals in subprocesses
 

@@ -9,13 +9,13 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 
-from starlette.applications import Starlette  # noqa: E402
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402 - after the optional-dependency skips above
+from starlette.testclient import TestClient  # noqa: E402 - after the optional-dependency skips above
 
-from gptedge.runtime.modeldir.manifest import read_manifest  # noqa: E402
-from gptedge.serve.playground import Playground, playground_routes, web_model  # noqa: E402
+from gptedge.runtime.modeldir.manifest import read_manifest  # noqa: E402 - after the optional-dependency skips above
+from gptedge.serve.playground import Playground, playground_routes, web_model  # noqa: E402 - after the optional-dependency skips above
 
-from ..support.web_clients import need_node  # noqa: E402
+from ..support.web_clients import need_node  # noqa: E402 - after the optional-dependency skips above
 
 
 def client(playground: Playground) -> TestClient:

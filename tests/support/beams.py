@@ -30,6 +30,6 @@ def transformers_beams(checkpoint: Path, prompts, new_tokens: int, eos: int, pad
 
 
 def assert_same(ours, theirs):
-    for got, want in zip(ours, theirs):
+    for got, want in zip(ours, theirs, strict=True):
         assert got.sequences == [s for s, _ in want]
-        assert max(abs(a - b) for a, (_, b) in zip(got.scores, want)) < 1e-4
+        assert max(abs(a - b) for a, (_, b) in zip(got.scores, want, strict=True)) < 1e-4

@@ -79,7 +79,8 @@ def running_server(model_dir: Path, log: Path, *args: str) -> Iterator[Server]:
         stop_server(server.proc)
 
 
-def run_serve(model_dir: Path, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_serve(model_dir: Path, *args: str, env: dict | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess:
     """`gptedge serve MODEL_DIR --port 0 ARGS` run to its exit (text output captured): for options it must refuse."""
     return subprocess.run([sys.executable, "-m", "gptedge.cli", "serve", str(model_dir), "--port", "0", *args],
                           capture_output=True, text=True, timeout=timeout, env=_env(env))

@@ -46,7 +46,7 @@ def need_chromium():
     if not Path(CHROMIUM).is_file():
         pytest.skip(f"no Chromium at {CHROMIUM} (scripts/setup.sh: apt-get install --no-install-recommends chromium)")
     try:
-        import playwright.sync_api  # noqa: F401
+        import playwright.sync_api  # noqa: F401 - imported only to find out whether it is installed
     except ImportError:
         pytest.skip("the playwright package is not installed (scripts/setup.sh installs it, without a browser)")
     if (why := _web_deps_reason()) is not None:

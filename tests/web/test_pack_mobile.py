@@ -64,7 +64,8 @@ def test_platform_option_reaches_the_converter(sample_recipe_dirs, tmp_path):
     """--platform amd64 (x86 hosts): recorded, and the converter is told (its NCHWc filter depends on it)."""
     out = tmp_path / "x86"
     done = subprocess.run([sys.executable, "-m", "gptedge.cli", "pack", str(sample_recipe_dirs["fp32"]), "--target",
-                           "mobile", "-o", str(out), "--platform", "amd64"], capture_output=True, text=True, timeout=600)
+                           "mobile", "-o", str(out), "--platform", "amd64"], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "gptedge-pack.json").read_text())["platform"] == "amd64"
     assert "amd64" in done.stderr

@@ -112,7 +112,8 @@ def test_force_replaces_a_pack(sample_recipe_dirs, tmp_path):
     assert done.returncode == 0, done.stderr
     assert run_gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(out),
                    "--no-page").returncode == 2  # exists, no --force
-    done = run_gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(out), "--no-page", "--force")
+    done = run_gptedge("pack", str(sample_recipe_dirs["fp32"]), "--target", "web", "-o", str(out), "--no-page",
+                       "--force")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model.onnx"]
 

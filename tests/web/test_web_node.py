@@ -68,7 +68,7 @@ def test_transformers_js_gives_gptedge_greedy_ids(packed, sample_recipe_dirs):
     assert got["default"] == "q8"
     for name, dtype in dtypes.items():
         model = load(sample_recipe_dirs[name], device="cpu")
-        for prompt, js in zip(PROMPTS, got[dtype]):
+        for prompt, js in zip(PROMPTS, got[dtype], strict=True):
             want = model.generate(prompt, max_new_tokens=NEW_TOKENS, greedy=True)
             assert js["ids"] == want.ids, (name, prompt)
             assert js["text"] == want.text, (name, prompt)
