@@ -20,6 +20,8 @@ from gptedge.runtime.graphs.session import make_session
 from gptedge.runtime.errors import ModelDirError
 from gptedge.runtime.graphs.kv_buffer_graph import KVBufferState
 
+pytestmark = pytest.mark.slow  # the GPU decoder's graphs built and run on the CPU, per test
+
 PROMPTS = [[5, 17, 300, 42, 7, 9, 11], [3, 4], [8000, 1, 2, 3, 4]]  # left-padded to 7
 
 

@@ -13,6 +13,8 @@ from gptedge.runtime.graphs.device_slot_pool import DeviceSlotPool
 from gptedge.runtime.graphs.kv_buffer_pool import SlotPool
 from gptedge.runtime.graphs.sequence_pool import drain
 
+pytestmark = pytest.mark.slow  # the GPU slot pool built and run on the CPU against the engine
+
 A, B, C_, D = [5, 17, 300, 42, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1], [1000, 2000], [11, 12, 13, 14, 15, 16, 17]
 
 
