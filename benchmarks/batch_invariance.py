@@ -38,7 +38,7 @@ def invariance(model, prompts: list[list[int]], new: int) -> tuple[int, float]:
     solo = [model.generate(p, max_new_tokens=new, greedy=True, ignore_eos=True) for p in prompts]
     together = last_logits(model, prompts)
     alone = np.concatenate([last_logits(model, [p]) for p in prompts])
-    return sum(a.ids == b.ids for a, b in zip(batch, solo)), float(np.abs(together - alone).max())
+    return sum(a.ids == b.ids for a, b in zip(batch, solo, strict=True)), float(np.abs(together - alone).max())
 
 
 def engine_invariance(model, prompts: list[list[int]], new: int) -> int:
@@ -81,7 +81,7 @@ def main() -> None:
             else list(range(1000))
         rng = np.random.default_rng(0)  # prompts of 4..40 tokens at random places in the text
         starts = rng.integers(0, len(text) - 64, args.prompts)
-        prompts = [text[s:s + int(n)] for s, n in zip(starts, rng.integers(4, 41, args.prompts))]
+        prompts = [text[s:s + int(n)] for s, n in zip(starts, rng.integers(4, 41, args.prompts), strict=True)]
         same, diff = invariance(model, prompts, args.new)
         same_eq, diff_eq = invariance(model, [text[s:s + 20] for s in starts], args.new)
         served = engine_invariance(model, prompts, args.new)

@@ -1,7 +1,7 @@
 """CTranslate2's accuracy on the same text and windows as `gptedge compare`, against gptedge's fp32.
 
-The accuracy target (docs/performance.md#targets) compares gptedge's most faithful INT8 with CTranslate2 int8 of the same
-model: this prints CTranslate2's perplexity, top-1 agreement and mean KL(fp32 || ct2) in the same
+The accuracy target (docs/performance.md#targets) compares gptedge's most faithful INT8 with CTranslate2 int8 of the
+same model: this prints CTranslate2's perplexity, top-1 agreement and mean KL(fp32 || ct2) in the same
 terms as compare's table (the fp32 reference is the gptedge fp32 export of the same checkpoint).
 
     python benchmarks/ct2_accuracy.py samples/sample-model out/demo/fp32 --text samples/eval/persuasion_ch1-7.txt
@@ -38,7 +38,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for compute_type in ("float32", "int8"):
             out = Path(tmp) / compute_type
-            ctranslate2.converters.TransformersConverter(str(args.checkpoint)).convert(str(out), quantization=compute_type)
+            ctranslate2.converters.TransformersConverter(str(args.checkpoint)).convert(str(out),
+                                                                                       quantization=compute_type)
             generator = ctranslate2.Generator(str(out), device="cpu", compute_type=compute_type, intra_threads=2)
             nll = kl = agree = count = 0.0
             for w in windows:
@@ -52,7 +53,8 @@ def main() -> None:
                 kl += (np.exp(ref_logp) * (ref_logp - logp)).sum()
                 agree += (logits.argmax(-1) == ref_logits.argmax(-1)).sum()
                 count += len(targets)
-            print(f"| CTranslate2 {compute_type} | {math.exp(nll / count):.3f} | {100 * agree / count:.2f} % | {kl / count:.3g} |")
+            print(f"| CTranslate2 {compute_type} | {math.exp(nll / count):.3f} | {100 * agree / count:.2f} % | "
+                  f"{kl / count:.3g} |")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import os
 import platform
 import time
 
-import numpy as np
 
 
 def cpu_line() -> str:

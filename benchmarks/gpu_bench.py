@@ -65,7 +65,8 @@ def row(args: list[str], timeout: float) -> dict:
     if proc.returncode:
         return {"error": (err.strip().splitlines() or ["?"])[-1][:300]}
     warnings = [line[:300] for line in err.splitlines() if "WARNING" in line or "CUDA graph" in line][-3:]
-    return {**json.loads(out.strip().splitlines()[-1]), "gpu_peak_mib": peak[0], **({"warnings": warnings} if warnings else {})}
+    return {**json.loads(out.strip().splitlines()[-1]), "gpu_peak_mib": peak[0],
+            **({"warnings": warnings} if warnings else {})}
 
 
 def prepare(size: str, work: Path, targets: tuple[str, ...] = ("fp16", "int8 weight-only")) -> dict[str, Path]:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gptedge.measure.bench import bench_gptedge, bench_prompts  # noqa: E402
-from gptedge.measure.peers.base import timed as peer_timing  # noqa: E402
-from gptedge.measure.peers.genai import bench_genai  # noqa: E402
+from gptedge.measure.bench import bench_gptedge, bench_prompts  # noqa: E402 - after the sys.path line above
+from gptedge.measure.peers.base import timed as peer_timing  # noqa: E402 - after the sys.path line above
+from gptedge.measure.peers.genai import bench_genai  # noqa: E402 - after the sys.path line above
 
 
 def timed(generate, new_tokens: int, batch: int, repeat: int, sync=lambda: None) -> dict:

@@ -85,7 +85,7 @@ def accuracy(models: dict, text_ids: list[int], windows: int) -> list[str]:
              "|---|---:|---:|---:|"]
     for name, m in list(models.items())[1:]:
         kl, agree, greedy = [], [], []
-        for c, lp, rg in zip(chunks, ref_logits, ref_greedy):
+        for c, lp, rg in zip(chunks, ref_logits, ref_greedy, strict=True):
             lq = log_softmax(teacher_forced(m, c))
             kl.append((np.exp(lp) * (lp - lq)).sum(-1))
             agree.append(lp.argmax(-1) == lq.argmax(-1))
@@ -130,7 +130,8 @@ def main() -> None:
         p, n = map(int, span.split("+"))
         spans.append((min(p, context - n), n))
     started = time.perf_counter()
-    print(f"models: {', '.join(f'{k} = {d}' for k, d in zip(models, args.models))}; {args.threads} threads\n")
+    print(f"models: {', '.join(f'{k} = {d}' for k, d in zip(models, args.models, strict=True))}; {args.threads} "
+          "threads\n")
     if not args.skip_speed:
         print("\n".join(speed(models, spans, args.repeat)) + "\n")
     if args.text:

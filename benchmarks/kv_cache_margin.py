@@ -51,7 +51,7 @@ def main() -> None:
                 quantize_model_dir(args.source, out, None, calibration_text=calibration, kv_cache=cache)
                 m = load(out, device="cpu")
                 kl, agree = [], []
-                for c, lp in zip(chunks, ref_lp):
+                for c, lp in zip(chunks, ref_lp, strict=True):
                     lq = log_softmax(teacher_forced(m, c))
                     kl.append((np.exp(lp) * (lp - lq)).sum(-1))
                     agree.append(lp.argmax(-1) == lq.argmax(-1))

@@ -1,7 +1,7 @@
-"""What load's integrity checks cost (docs/model-directory.md#model-directory-integrity): for each model dir, the SHA-256 of its
-recorded files alone (GB/s on one core), ONNX Runtime's session build alone, and gptedge's load, which hashes in a
-thread while the session builds, then checks the manifest's claims. Each figure is the median of --repeat runs,
-files in the page cache (a first run warms it).
+"""What load's integrity checks cost (docs/model-directory.md#model-directory-integrity): for each model dir, the
+SHA-256 of its recorded files alone (GB/s on one core), ONNX Runtime's session build alone, and gptedge's load, which
+hashes in a thread while the session builds, then checks the manifest's claims. Each figure is the median of --repeat
+runs, files in the page cache (a first run warms it).
 
     python benchmarks/load_integrity.py DIR... [--repeat 3] [--threads 2]
 
@@ -51,14 +51,15 @@ def main() -> None:
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()} ({isa()}), python "
           f"{platform.python_version()}, onnxruntime {onnxruntime.__version__}, {ssl.OPENSSL_VERSION}, "
           f"{args.threads} threads, median of {args.repeat}")
-    print("| model | recorded GB | SHA-256 alone s | GB/s | session build alone s | gptedge load s | load - session s |")
+    print("| model | recorded GB | SHA-256 alone s | GB/s | session build alone s | gptedge load s | load - "
+          "session s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     config = SessionConfig(threads=args.threads)
     for path in map(Path, args.models):
         m = read_manifest(path)
         size = sum(r.size for r in m.files) / 1e9
 
-        def digest_all() -> None:  # no memo: hashlib directly, as a first load in a fresh process does
+        def digest_all(m=m, path=path) -> None:  # no memo: hashlib directly, as a first load in a fresh process
             for r in m.files:
                 h = hashlib.sha256()
                 with open(path / r.path, "rb") as f:
@@ -68,8 +69,9 @@ def main() -> None:
         assert not hash_problems(path, m.files), f"{path}: its files are not as recorded"
         digest_all()  # warm the page cache
         hashing = median_s(digest_all, args.repeat)
-        session = median_s(lambda: make_session(str(path / m.model_file), "cpu", config), args.repeat)
-        loading = median_s(lambda: (forget_digests(), load(path, device="cpu", session=config)), args.repeat)
+        session = median_s(lambda m=m, path=path: make_session(str(path / m.model_file), "cpu", config), args.repeat)
+        loading = median_s(lambda path=path: (forget_digests(), load(path, device="cpu", session=config)),
+                           args.repeat)
         print(f"| {path} | {size:.2f} | {hashing:.2f} | {size / hashing:.2f} | {session:.2f} | {loading:.2f} | "
               f"{loading - session:+.2f} |")
 

@@ -9,7 +9,7 @@ here rather than through `mutmut run` for speed and safety: the tree (git's trac
 copied to a temporary folder and mutated there, never in the worktree; the heavy third-party packages (numpy,
 onnxruntime, torch, transformers, ...) are imported once, and each mutant's tests run in a forked child that
 imports gptedge afresh from the copy (a session of its own, so a hung server or child process dies with it).
-The tiny seeded test models are exported once per run into a cache (GPTEDGE_TEST_CACHE, tests/conftest.py) by
+The tiny seeded test models are exported once per run into a cache (GPTEDGE_TEST_CACHE, tests/support/checkpoints.py) by
 the unmutated baseline run, so a mutant costs its tests, not an export.
 
 A mutant is killed when its tests fail (or exceed the time limit: the baseline's time x 4 + 30 s), survives when
@@ -254,7 +254,8 @@ def main() -> int:
         copy, logs = Path(tmp) / "tree", Path(tmp) / "logs"
         logs.mkdir()
         copy_tree(copy)
-        os.environ.update(PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1", GPTEDGE_TEST_CACHE=str(Path(tmp) / "models"))
+        os.environ.update(PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1",
+                          GPTEDGE_TEST_CACHE=str(Path(tmp) / "models"))
         sys.dont_write_bytecode = True
         for m in modules:
             report["modules"].append(run_module(m, config[m], copy, equivalents, earlier, args.sample,

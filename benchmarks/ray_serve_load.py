@@ -1,5 +1,5 @@
-"""Scale-out through Ray Serve (docs/performance.md#targets): serve_load.py's streaming load against `gptedge serve` direct and
-against Ray Serve with 1 and 2 replicas, every server process on 1 ONNX Runtime thread.
+"""Scale-out through Ray Serve (docs/performance.md#targets): serve_load.py's streaming load against `gptedge serve`
+direct and against Ray Serve with 1 and 2 replicas, every server process on 1 ONNX Runtime thread.
 
     python benchmarks/ray_serve_load.py MODEL_DIR [--clients 1,8] [--new 128] [--prompt 32] [--requests 2]
 
@@ -102,7 +102,8 @@ def through_ray(model: Path, prompts, args) -> dict[int, list[dict]]:
 
 def table(title: str, rows: list[dict]) -> None:
     print(f"\n### {title}\n")
-    print("| clients | total tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | one request's decode tok/s |")
+    print("| clients | total tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | one request's "
+          "decode tok/s |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['clients']} | {r['tok_s']:.1f} | {r['ttft_p50']:.1f} | {r['ttft_p99']:.1f} | {r['itl_p50']:.2f} | "

@@ -52,7 +52,7 @@ except Exception as e:
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 say "CUDA tests"
-timeout 300 python3 -m pytest -q -m cuda ${TESTS:-tests/test_cuda.py tests/test_cuda_families.py} -p no:cacheprovider -s \
+timeout 300 python3 -m pytest -q -m cuda ${TESTS:-tests/cuda/test_cuda.py tests/cuda/test_cuda_families.py} -p no:cacheprovider -s \
   ${TESTS_K:+-k "$TESTS_K"} 2>&1 | grep -v '^$' | tail -60 | tee "$OUT/tests.txt"
 if [ -n "${ENGINES-x}" ]; then
   say "benchmark"

@@ -1,7 +1,7 @@
 """Load benchmark of `gptedge serve` on a classifier dir: C concurrent clients, each sending R single-example
 POST /v1/classify requests back to back; requests/s, and how many runs the server's batching worker made.
 
-    python - <<'EOF'   # a GPT-2-small-shape entailment head (random init, seeded): tests/task_checkpoints.py
+    python - <<'EOF'   # a GPT-2-small-shape entailment head (random init, seeded): tests/support/task_checkpoints.py
     from pathlib import Path
     from tests.task_checkpoints import make_checkpoint
     from gptedge.export.head_export import export_task

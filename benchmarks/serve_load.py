@@ -35,8 +35,8 @@ quantizes the GGUFs here):
 
 The checkpoint (default: the one the first dir's manifest was exported from; it must hold the same weights) is
 converted once to an f32 GGUF by llama.cpp's own converter and quantized once per recipe by llama.cpp
-(gptedge/measure/peers/llama_cpp.py), under --work/CHECKPOINT-HASH, reused after. Each run starts every gptedge dir's server
-and then every recipe's `llama-server -m GGUF -t T -tb T -np B -c B*CONTEXT --host 127.0.0.1 --port P` (B: the
+(gptedge/measure/peers/llama_cpp.py), under --work/CHECKPOINT-HASH, reused after. Each run starts every gptedge dir's
+server and then every recipe's `llama-server -m GGUF -t T -tb T -np B -c B*CONTEXT --host 127.0.0.1 --port P` (B: the
 same max batch gptedge gets, so each slot holds the model's whole context), waits for GET /health, sends the same
 warm-up and the same prompts as to gptedge (prompt ids, `cache_prompt: false` so a prompt repeated at the next
 client count is prefilled again, as gptedge does), and reads its peak RSS (VmHWM) the same way. The runs interleave
@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_report beside it, also when loaded by path (tests)
-from serve_report import gptedge_column, order_columns, peer_column, render_report, report_json, write_atomic  # noqa: E402
+from serve_report import gptedge_column, order_columns, peer_column, render_report, report_json, write_atomic  # noqa: E402 - after the sys.path line above
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_ENV = "GPTEDGE_LLAMA_SERVER"

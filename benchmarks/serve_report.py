@@ -92,8 +92,8 @@ def verdict(what: str, mine: list[float], theirs: list[float], factor: float, hi
         return a >= factor * b if higher else a <= factor * b
 
     a, b = float(np.mean(mine)), float(np.mean(theirs))
-    runs = [met(x, y) for x, y in zip(mine, theirs)]
-    ratios = ", ".join(f"{x / y:.2f}x" if y else "-" for x, y in zip(mine, theirs))
+    runs = [met(x, y) for x, y in zip(mine, theirs, strict=False)]
+    ratios = ", ".join(f"{x / y:.2f}x" if y else "-" for x, y in zip(mine, theirs, strict=False))
     line = (f"- {what}: **{'met' if met(a, b) else 'missed'}**: {a:.2f} vs {b:.2f} "
             f"({a / b:.2f}x; {'>=' if higher else '<='} {factor:g}x wanted), mean of {len(mine)} run(s); "
             f"per run {ratios}")

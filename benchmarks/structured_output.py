@@ -4,7 +4,7 @@ token beside unconstrained ones (docs/serving.md#structured-output)?
     python benchmarks/structured_output.py validity [--schemas 50] [--out benchmarks/results/structured-DATE.md]
     python benchmarks/structured_output.py timing [--model DIR] [--clients 8] [--tokens 64] [--rounds 3]
 
-validity: the 50 generated schemas of tests/structured_schemas.py, each answered greedily and sampled
+validity: the 50 generated schemas of tests/support/structured_schemas.py, each answered greedily and sampled
 (temperature 1, seed 1234) by the serving engine (8 rows a batch) on both families: the GPT-2 sample model
 (samples/sample-model) and a tiny seeded Llama with a Llama checkpoint's tokenizer (both exported into a
 temporary folder). Counts the outputs that parse, validate (jsonschema) and end with "stop", and writes the
@@ -33,14 +33,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.structured_schemas: the generator the tests use
+sys.path.insert(0, str(ROOT))  # tests.support.structured_schemas: the generator the tests use
 
 from gptedge.atomic import atomic_output_file  # noqa: E402 - after the path: run as a script from anywhere
-from gptedge.runtime import load  # noqa: E402
-from gptedge.runtime.generation.constraints import ConstraintCompiler, ConstraintSpec  # noqa: E402
-from gptedge.runtime.generation.sampling import SamplingParams  # noqa: E402
-from gptedge.runtime.serving.engine import CompletionRequest, Engine  # noqa: E402
-from tests.structured_schemas import generated_schema, write_llama_checkpoint  # noqa: E402
+from gptedge.runtime import load  # noqa: E402 - after the sys.path line above
+from gptedge.runtime.generation.constraints import ConstraintCompiler, ConstraintSpec  # noqa: E402 - after the sys.path line above
+from gptedge.runtime.generation.sampling import SamplingParams  # noqa: E402 - after the sys.path line above
+from gptedge.runtime.serving.engine import CompletionRequest, Engine  # noqa: E402 - after the sys.path line above
+from tests.support.structured_schemas import generated_schema, write_llama_checkpoint  # noqa: E402 - after the sys.path line above
 
 PROMPT = "The record: "
 MAX_TOKENS = 200
@@ -123,7 +123,7 @@ def validity(args) -> None:
         "",
         f"Written by `python benchmarks/structured_output.py validity --schemas {args.schemas}` on "
         f"{datetime.now(timezone.utc):%Y-%m-%d} ({platform.machine()}, Python {platform.python_version()}). "
-        "The schemas are tests/structured_schemas.py's (objects nested up to three deep, required and optional "
+        "The schemas are tests/support/structured_schemas.py's (objects nested up to three deep, required and optional "
         "properties, enums, arrays with minItems / maxItems, bounded integers and numbers, strings with lengths or "
         f"patterns); each is answered from the prompt {PROMPT!r} with max_tokens {MAX_TOKENS} by the serving "
         "engine, 8 rows a batch. Validated with jsonschema (Draft 2020-12). Not a timing.",

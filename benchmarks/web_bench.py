@@ -11,8 +11,8 @@ Chromium (Debian's, driven by Playwright; pages served from 127.0.0.1 with cross
 - generates 3 prompts x 32 tokens greedily: greedy agreement with gptedge's Python runtime on the same graph
   (mean matching prefix; Optimum's rows against gptedge's fp32, as the reference it should agree with);
 and reports the graph's download size. KL(fp32||q) and top-1 agreement come from `gptedge compare` (Python,
-ONNX Runtime) on --text, Optimum's q8 dir included. The last lines state the target (docs/performance.md#targets): the recommended
-web recipe >= 1.5x Optimum q8's tok/s, at no larger size and no higher KL.
+ONNX Runtime) on --text, Optimum's q8 dir included. The last lines state the target (docs/performance.md#targets): the
+recommended web recipe >= 1.5x Optimum q8's tok/s, at no larger size and no higher KL.
 
     python benchmarks/web_bench.py samples/sample-model --work out/web-bench/sample
     python benchmarks/make_gpt2_small.py --out .cache/gpt2-small-random
@@ -166,7 +166,7 @@ def agreement(ours: list[list[int]], ref: list[list[int]]) -> float:
         while n < min(len(a), len(b)) and a[n] == b[n]:
             n += 1
         return n
-    return statistics.mean(prefix(a, b) / max(1, len(b)) for a, b in zip(ours, ref))
+    return statistics.mean(prefix(a, b) / max(1, len(b)) for a, b in zip(ours, ref, strict=False))
 
 
 def graph_bytes(folder: Path, dtype: str) -> int:

@@ -107,16 +107,19 @@ def load_state(cfg: GPTConfig, tensors: dict[str, torch.Tensor], origin: str) ->
         if name not in expected:
             raise CheckpointError(f"{origin}: unexpected tensor {key!r}")
         if tuple(t.shape) != tuple(expected[name]):
-            raise CheckpointError(f"{origin}: tensor {key!r} has shape {list(t.shape)}, expected {list(expected[name])}")
+            raise CheckpointError(f"{origin}: tensor {key!r} has shape {list(t.shape)}, expected "
+                                  f"{list(expected[name])}")
         if not t.is_floating_point():
             raise CheckpointError(f"{origin}: tensor {key!r} has dtype {t.dtype}, expected a float")
         state[name] = t.to(torch.float32).contiguous()
         tensors[key] = None  # a converted copy (fp16 / bf16 source) replaces the original, not beside it
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise CheckpointError(f"{origin}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise CheckpointError(f"{origin}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)"
+                                                                            if len(missing) > 1 else ""))
     if lm_head is not None and not torch.equal(lm_head.to(torch.float32), state["wte.weight"]):
-        raise CheckpointError(f"{origin}: lm_head.weight differs from the token embedding (untied heads are not supported)")
+        raise CheckpointError(f"{origin}: lm_head.weight differs from the token embedding (untied heads are not "
+                              "supported)")
     return state
 
 

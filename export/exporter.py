@@ -36,7 +36,8 @@ from .onnx_graph import DEFAULT_OPSET, build_graph
 from .reference import GPT
 from .tokenizer_config import adds_bos
 from .tokenizer_files import write_tokenizer
-from .validate import compare_graph_outputs, compare_greedy_ids, graph_steps, greedy_prompts, reference_greedy, reference_outputs
+from .validate import (compare_graph_outputs, compare_greedy_ids, graph_steps, greedy_prompts, reference_greedy,
+                       reference_outputs)
 
 log = logging.getLogger(__name__)
 

@@ -155,7 +155,8 @@ class _NeoXProjections:
         for j, name in enumerate("qkv"):
             part = {f"{p}.{name}.weight": np.ascontiguousarray(rows[:, j].reshape(-1, rows.shape[-1]))}
             if bias is not None:
-                part[f"{p}.{name}.bias"] = np.ascontiguousarray(bias.reshape(self.n_head, 3, self.head_dim)[:, j].reshape(-1))
+                part[f"{p}.{name}.bias"] = np.ascontiguousarray(bias.reshape(self.n_head, 3, self.head_dim)[:,
+                                                                                                            j].reshape(-1))
             out.append(dense(g, x, part, f"{p}.{name}"))
         return out[0], out[1], out[2]
 

@@ -52,7 +52,8 @@ class PlainAttention(AttentionWriter):
         g, p = self.g, f"h.{i}.attn"
         heads = [g.one("Transpose", [g.one("Reshape", [t, g.i64([0, 0, self.n_head, self.head_dim])])],
                        perm=[0, 2, 1, 3]) for t in self._qkv(x, w, i)]  # q, k, v (B, nh, S, hs)
-        present_k = g.one("Concat", [C.past_key(i), heads[1]], name=f"{p}.concat_key", outputs=[C.present_key(i)], axis=2)
+        present_k = g.one("Concat", [C.past_key(i), heads[1]], name=f"{p}.concat_key", outputs=[C.present_key(i)],
+                          axis=2)
         present_v = g.one("Concat", [C.past_value(i), heads[2]], name=f"{p}.concat_value",
                           outputs=[C.present_value(i)], axis=2)  # (B, nh, T, hs)
         kt = g.one("Transpose", [present_k], perm=[0, 1, 3, 2])  # (B, nh, hs, T)

@@ -83,8 +83,10 @@ class RotaryPlainAttention(_Rotary, AttentionWriter):
         self.allowed = allowed
         self._rotary_setup(g, cfg)
         # (B, 1, S, r / 2): each position's row, shared by every layer
-        self.cos = g.one("Unsqueeze", [g.one("Gather", [self.cos_cache, C.POSITION_IDS]), g.i64([1])], name="rotary.cos")
-        self.sin = g.one("Unsqueeze", [g.one("Gather", [self.sin_cache, C.POSITION_IDS]), g.i64([1])], name="rotary.sin")
+        self.cos = g.one("Unsqueeze", [g.one("Gather", [self.cos_cache, C.POSITION_IDS]), g.i64([1])],
+                         name="rotary.cos")
+        self.sin = g.one("Unsqueeze", [g.one("Gather", [self.sin_cache, C.POSITION_IDS]), g.i64([1])],
+                         name="rotary.sin")
 
     def _heads(self, t: str, n: int) -> str:
         g = self.g

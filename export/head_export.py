@@ -211,7 +211,8 @@ def compare_head(reference: TaskModel, loaded, tolerance: float = GRAPH_TOLERANC
     want = reference(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     got = loaded.logits(ids, mask)
     if want.shape != got.shape:
-        raise ParityError(f"head: {reference.kind.output} has shape {list(got.shape)}, the reference {list(want.shape)}")
+        raise ParityError(f"head: {reference.kind.output} has shape {list(got.shape)}, the reference "
+                          f"{list(want.shape)}")
     diff, idx = _max_diff(want, got)
     agree = float((want.argmax(-1) == got.argmax(-1)).mean())
     figures = GraphParity(diff, reference.kind.output, "head", idx, top1_agreement=agree, tolerance=tolerance,

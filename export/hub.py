@@ -78,9 +78,11 @@ def _snapshot(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=offline,
                                       allow_patterns=patterns, token=os.environ.get("HF_TOKEN") or None))
     except GatedRepoError:
-        raise CheckpointError(f"{repo_id}: a gated repo on the Hugging Face Hub; accept its terms and set HF_TOKEN") from None
+        raise CheckpointError(f"{repo_id}: a gated repo on the Hugging Face Hub; accept its terms and set "
+                              "HF_TOKEN") from None
     except RepositoryNotFoundError:
-        raise CheckpointError(f"{repo_id}: no such repo on the Hugging Face Hub (or it is private: set HF_TOKEN)") from None
+        raise CheckpointError(f"{repo_id}: no such repo on the Hugging Face Hub (or it is private: set "
+                              "HF_TOKEN)") from None
     except RevisionNotFoundError:
         raise CheckpointError(f"{repo_id}: no revision {revision!r} on the Hugging Face Hub") from None
     except LocalEntryNotFoundError:
@@ -89,4 +91,5 @@ def _snapshot(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
         raise CheckpointError(f"{repo_id}{at}: not in the Hugging Face cache {cache} and {why}") from None
     except OSError as e:  # network errors are OSErrors (requests / httpx), as are cache permission errors
         raise CheckpointError(f"{repo_id}{at}: cannot fetch from the Hugging Face Hub with HF_HUB_OFFLINE "
-                              f"{'=1' if offline else 'unset'} ({type(e).__name__}: {str(e).splitlines()[0][:150]})") from None
+                              f"{'=1' if offline else 'unset'} ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:150]})") from None

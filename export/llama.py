@@ -150,7 +150,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KV | None,
                 position_ids: torch.Tensor) -> tuple[torch.Tensor, KV]:
         B, S, _ = x.shape
-        heads = lambda t, n: t.view(B, S, n, self.head_dim).transpose(1, 2)  # noqa: E731  (B, n, S, hs)
+        heads = lambda t, n: t.view(B, S, n, self.head_dim).transpose(1, 2)  # noqa: E731 - a one-line reshape helper; (B, n, S, hs)
         # inv_freq is a function of the config, computed here rather than held as a buffer: the reference is
         # built on the meta device and takes only the checkpoint's tensors (checkpoint.py)
         cos, sin = cos_sin(inv_freq(self.cfg.rotary_dim, self.cfg.rope_theta, self.cfg.rope_scaling), position_ids)

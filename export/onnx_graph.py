@@ -1,4 +1,5 @@
-"""Write an fp32 graph (docs/design.md#the-onnx-io-contract) directly from the reference's weights: standard or kv_buffer.
+"""Write an fp32 graph (docs/design.md#the-onnx-io-contract) directly from the reference's weights: standard or
+kv_buffer.
 
 No tracing: the family writes its blocks (families.py) with the attention the graph variant
 and `fused` call for (graph_attention.choose_attention); this file writes what all families
@@ -33,7 +34,7 @@ def _allowed_mask(g: GraphWriter) -> str:
     seq = g.one("Shape", [C.INPUT_IDS], start=1, end=2)  # [S]
     total = g.one("Shape", [C.ATTENTION_MASK], start=1, end=2)  # [T]
     past = g.one("Sub", [total, seq])
-    scalar = lambda t: g.one("Squeeze", [t])  # noqa: E731
+    scalar = lambda t: g.one("Squeeze", [t])  # noqa: E731 - a one-line local helper
     q_pos = g.one("Unsqueeze", [g.one("Range", [scalar(past), scalar(total), g.i64(1)]), g.i64([1])])  # (S, 1)
     k_pos = g.one("Range", [g.one("Squeeze", [g.i64([0])]), scalar(total), g.i64(1)])  # (T,)
     causal = g.one("LessOrEqual", [k_pos, q_pos])  # (S, T)

@@ -19,7 +19,7 @@ from .layers import KV, attention_allowed
 def reference_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """position_ids (B, T) for a left-padded mask: cumsum(mask) - 1, clipped at 0. The same rule as the
     runtime's generation.positions, written in torch so the oracle imports nothing of the runtime it checks
-    (tests/test_reference.py holds the two equal)."""
+    (tests/export/test_reference.py holds the two equal)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 

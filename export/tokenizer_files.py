@@ -26,7 +26,8 @@ def byte_level_bpe(vocab: Path, merges: Path):
     try:
         tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
-        raise CheckpointError(f"{vocab.parent}: cannot read {vocab.name} / {merges.name} ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{vocab.parent}: cannot read {vocab.name} / {merges.name} "
+                              f"({str(e).splitlines()[0]})") from None
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)

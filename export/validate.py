@@ -66,7 +66,8 @@ def reference_outputs(reference: GPT, steps: Sequence[Step]) -> list[Outputs]:
     """The reference's logits and presents for each step, its own cache carried from step to step."""
     past, outs = None, []
     for st in steps:
-        logits, presents = reference(torch.from_numpy(st.ids), torch.from_numpy(st.mask), torch.from_numpy(st.pos), past)
+        logits, presents = reference(torch.from_numpy(st.ids), torch.from_numpy(st.mask), torch.from_numpy(st.pos),
+                                     past)
         outs.append((logits.numpy(), [t.numpy() for kv in presents for t in kv]))
         past = presents
     return outs
@@ -90,7 +91,7 @@ def compare_graph_outputs(expected: Sequence[Outputs], loaded, steps: Sequence[S
     past = loaded.empty_past(batch)
     worst = _Worst()
     agree = total = 0
-    for step, (st, (ref_logits, ref_presents)) in enumerate(zip(steps, expected)):
+    for step, (st, (ref_logits, ref_presents)) in enumerate(zip(steps, expected, strict=True)):
         logits, presents = loaded.forward(st.ids, st.mask, st.pos, past)
         where = "prefill" if step == 0 else f"decode {step}"
         # Positions of left padding are compared nowhere: no valid position ever attends to them, and
@@ -138,11 +139,11 @@ def compare_greedy_ids(expected: Sequence[Sequence[int]], loaded, prompts: Seque
                        new_tokens: int = 64, tokenizer=None, note: str = "") -> GreedyParity:
     """Rung 4: greedy ids of the runtime equal the reference's (reference_greedy) for every prompt, then the text."""
     compared = 0
-    for j, (prompt, want) in enumerate(zip(prompts, expected)):
+    for j, (prompt, want) in enumerate(zip(prompts, expected, strict=True)):
         want = list(want)
         got = loaded.generate(list(prompt), max_new_tokens=new_tokens, greedy=True).ids
         if want != got:
-            k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+            k = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
             raise ParityError(f"greedy ids differ from the reference at new token {k} of prompt {j} "
                               f"(reference {want[k:k + 1]}, graph {got[k:k + 1]}; {len(want)} vs {len(got)} tokens)")
         if tokenizer is not None and tokenizer.decode(want) != tokenizer.decode(got):

@@ -13,7 +13,6 @@ Runtime wants them to map a tensor in place.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 

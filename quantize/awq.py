@@ -82,7 +82,7 @@ def layer_norm_outputs(model_dir: Path, manifest: Manifest, names: list[str], wi
     got: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for ids in windows:
         feeds = {k: v for k, v in feeds_for(ids, manifest.shape).items() if k in wanted}
-        for n, value in zip(names, session.run(names, feeds)):
+        for n, value in zip(names, session.run(names, feeds), strict=True):
             got[n].append(value.reshape(-1, value.shape[-1]))
     return {n: np.concatenate(v) for n, v in got.items()}
 

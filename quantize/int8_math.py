@@ -33,7 +33,8 @@ def quantize_rows(w: np.ndarray, per_channel: bool = True, qmax: int = QMAX) -> 
     return q.T, scale
 
 
-def quantize_blocks_u8(w_rows: np.ndarray, block_size: int, scale_search: str = "range") -> tuple[np.ndarray, np.ndarray]:
+def quantize_blocks_u8(w_rows: np.ndarray, block_size: int, scale_search: str = "range") -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
     """Rows (N, K) -> MatMulNBits 8-bit layout: (uint8 (N, K/bs, bs) with zero point 128, scales (N, K/bs)).
 
     One scale per block of `block_size` consecutive weights along K; K must be a multiple of it.

@@ -81,7 +81,7 @@ def measure_absmax(model_dir: Path, windows: list[np.ndarray],
         pos = np.arange(ids.shape[1], dtype=np.int64)[None]
         _, presents = loaded.forward(ids, np.ones_like(ids), pos, loaded.empty_past(1))  # (1, nh, L, hs) each
         seen = [np.abs(p).max(axis=2, keepdims=True) for p in presents]  # (1, nh, 1, hs)
-        amax = seen if amax is None else [np.maximum(a, s) for a, s in zip(amax, seen)]
+        amax = seen if amax is None else [np.maximum(a, s) for a, s in zip(amax, seen, strict=True)]
         if progress:
             progress(done, len(windows))
     return amax

@@ -9,7 +9,7 @@ W (N, K), i.e. the transpose of a MatMul's (K, N) initializer:
 - zero_points (asymmetric only): uint8 (N, ceil((K/bs)/2)), the zero points of one row's blocks
   packed the same way (low nibble first); absent means 8 for every block.
 
-A weight dequantizes as (q - zero_point) * scale. tests/test_int4.py checks a MatMulNBits node
+A weight dequantizes as (q - zero_point) * scale. tests/quantize/test_int4.py checks a MatMulNBits node
 against `dequantize_4bit` followed by a numpy matmul: that test is the oracle for this packing.
 """
 
@@ -82,7 +82,7 @@ def quantize_4bit(w_rows: np.ndarray, block_size: int, symmetric: bool = True, s
     if w_rows.shape[0] > ROW_CHUNK:  # the same result, in slices of rows
         parts = [quantize_4bit(w_rows[i:i + ROW_CHUNK], block_size, symmetric, search, scale_search)
                  for i in range(0, w_rows.shape[0], ROW_CHUNK)]
-        return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts))
+        return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts, strict=True))
     blocks = _blocks(w_rows, block_size)
     if scale_search == "mse":
         best_q, best_scale, best_zp = (

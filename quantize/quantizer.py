@@ -199,8 +199,8 @@ def check_against_source(fp32_dir: Path, int8_dir: Path, vocab: int, device: str
     if not np.isfinite(b).all():
         raise QuantizationError("quantized graph produced non-finite logits")
     same = total = 0
-    for x, y in zip(want, got):
-        same += next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    for x, y in zip(want, got, strict=True):
+        same += next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
         total += max(len(x), len(y))
     return QuantizedParity(max_abs_logit_diff=float(np.abs(a - b).max()),
                            top1_agreement=float((a.argmax(-1) == b.argmax(-1)).mean()), inputs="64 seeded random ids",

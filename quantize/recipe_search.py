@@ -1,12 +1,14 @@
-"""`gptedge quantize MODEL -o OUT --max-kl K --calibration TEXT [--prefer size]`: the smallest recipe within a KL budget.
+"""`gptedge quantize MODEL -o OUT --max-kl K --calibration TEXT [--prefer size]`: the smallest recipe within a KL
+budget.
 
 The calibration text is split in two at a paragraph near CALIBRATION_SHARE of its characters: the first part
 calibrates (AWQ's scales, the int8 cache's) and ranks the candidates, the second confirms the choice on windows
 no candidate saw. Candidates (CANDIDATES, each weight-only with the error-aware quantizers) are tried in order of
 their estimated bytes, smallest first; the first whose KL(fp32 || q) on the calibration windows is within K and
-whose held-out KL is within HELD_OUT_SLACK x K is written, and the search stops there. A candidate FAR x over K skips the larger ones of its width. Nothing is timed (--prefer
-speed would need timings on the user's machine: not offered yet). The manifest's quantization.search records the
-budget, every candidate tried (options, bytes, KL) and the chosen one; a budget no candidate meets is a one-line
+whose held-out KL is within HELD_OUT_SLACK x K is written, and the search stops there. A candidate FAR x over K skips
+the larger ones of its width. Nothing is timed (--prefer speed would need timings on the user's machine: not offered
+yet). The manifest's quantization.search records the budget, every candidate tried (options, bytes, KL) and the chosen
+one; a budget no candidate meets is a one-line
 error naming the closest.
 """
 
@@ -28,7 +30,7 @@ from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.generation.evaluate import log_softmax, sliding_windows, window_logits
 from gptedge.runtime.modeldir.manifest import ModelShape, RecipeSearch, SearchCandidate, read_manifest, write_manifest
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
-from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
+from gptedge.runtime.modeldir.tokenizer import encode
 
 from .quantizer import quantize_model_dir
 
@@ -87,7 +89,7 @@ def split_text(text: str, share: float = CALIBRATION_SHARE) -> tuple[str, str]:
 def kl_on(model, ref_windows: list[tuple[np.ndarray, np.ndarray]], ids: list[int], windows) -> float:
     """Mean KL(ref || model) over the scored tokens of the windows; ref_windows: the reference's (log p, p) each."""
     total, count = 0.0, 0
-    for (ref_logp, ref_p), w in zip(ref_windows, windows):
+    for (ref_logp, ref_p), w in zip(ref_windows, windows, strict=True):
         logp = log_softmax(window_logits(model, ids, w)[0])
         total += float((ref_p * (ref_logp - logp)).sum())
         count += len(logp)
@@ -100,7 +102,8 @@ class _Scorer:
     def __init__(self, ref, text: str):
         self.ids = encode(ref.tokenizer, text)[:MAX_TOKENS]
         if len(self.ids) < 2:
-            raise InvalidArgumentError("--calibration text is too short to score a recipe on (needs >= 2 tokens per part)")
+            raise InvalidArgumentError("--calibration text is too short to score a recipe on (needs >= 2 tokens "
+                                       "per part)")
         self.windows = sliding_windows(len(self.ids), ref.manifest.shape.context_length)
         self.ref = []
         for w in self.windows:

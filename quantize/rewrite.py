@@ -49,7 +49,8 @@ class Rewrite:
         self.new_nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
 
     def is_linear(self, node: onnx.NodeProto) -> bool:
-        return node.op_type == "MatMul" and node.input[1] in self.weights and len(self.weights.shape(node.input[1])) == 2
+        return (node.op_type == "MatMul" and node.input[1] in self.weights
+                and len(self.weights.shape(node.input[1])) == 2)
 
     def head_linear(self) -> str | None:
         """A task head's graph (export/head_graph.py): the name of the linear MatMul that reads the extract
@@ -82,7 +83,8 @@ class Rewrite:
     def untied_head(self) -> tuple[onnx.NodeProto, onnx.NodeProto] | None:
         """-> (the token embedding's Gather, the LM head's Gemm) where the head has a (V, C) weight of its own
         (an untied head); None where the head is tied or there is none."""
-        ids = {INPUT_IDS} | {n.output[0] for n in self.model.graph.node if n.op_type == "Reshape" and n.input[0] == INPUT_IDS}
+        ids = {INPUT_IDS} | {n.output[0] for n in self.model.graph.node if n.op_type == "Reshape"
+                             and n.input[0] == INPUT_IDS}
         gather = next((n for n in self.model.graph.node if n.op_type == "Gather" and n.input[1] in ids
                        and n.input[0] in self.weights), None)
         if gather is None:
@@ -100,10 +102,12 @@ class Rewrite:
         for gemm in self.model.graph.node:
             if gemm.op_type == "Gemm" and gemm.input[1] in self.weights:
                 trans_b = next((a.i for a in gemm.attribute if a.name == "transB"), 0)
-                gather = next((n for n in self.model.graph.node if n.op_type == "Gather" and n.input[0] == gemm.input[1]), None)
+                gather = next((n for n in self.model.graph.node if n.op_type == "Gather"
+                               and n.input[0] == gemm.input[1]), None)
                 if trans_b == 1 and gather is not None:
                     return gemm.input[1], gather, gemm
-        ids = {INPUT_IDS} | {n.output[0] for n in self.model.graph.node if n.op_type == "Reshape" and n.input[0] == INPUT_IDS}
+        ids = {INPUT_IDS} | {n.output[0] for n in self.model.graph.node if n.op_type == "Reshape"
+                             and n.input[0] == INPUT_IDS}
         gather = next((n for n in self.model.graph.node if n.op_type == "Gather" and n.input[1] in ids
                        and n.input[0] in self.weights), None)
         if gather is not None and not any(i.name == past_key(0) for i in self.model.graph.input):  # no KV cache
@@ -118,7 +122,8 @@ class Rewrite:
         g = self.model.graph
         used = {i for n in self.new_nodes for i in n.input}
         opsets = [o for o in self.model.opset_import if o.domain not in ("", MS_DOMAIN)]
-        opsets += [helper.make_opsetid("", next(o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx"))),
+        opsets += [helper.make_opsetid("",
+                                       next(o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx"))),
                    helper.make_opsetid(MS_DOMAIN, 1)]
         # make_model copies the graph it is given: give it none of the weights, then add them in place
         out = helper.make_model(helper.make_graph(self.new_nodes, g.name, list(g.input), list(g.output)),

@@ -65,8 +65,10 @@ def point_gather_at_quantized(model: onnx.ModelProto, wt: str) -> onnx.ModelProt
         # would dequantize the whole (C, V) matrix on every run, so it reads the int8 weight instead.
         if node.op_type == "Gather" and node.input[0] in (wt, f"{wt}_DequantizeLinear_Output"):
             ids, mid = node.input[1], node.output[0]
-            nodes.append(helper.make_node("Gather", [q_name, ids], [f"{mid}.q"], name=node.name, axis=1))  # (C, B, S) int8
-            nodes.append(helper.make_node("Cast", [f"{mid}.q"], [f"{mid}.f"], name=f"{node.name}.cast", to=TensorProto.FLOAT))
+            # (C, B, S) int8
+            nodes.append(helper.make_node("Gather", [q_name, ids], [f"{mid}.q"], name=node.name, axis=1))
+            nodes.append(helper.make_node("Cast", [f"{mid}.q"], [f"{mid}.f"], name=f"{node.name}.cast",
+                                          to=TensorProto.FLOAT))
             if scale.ndim == 0:  # per-tensor
                 nodes.append(helper.make_node("Mul", [f"{mid}.f", s_name], [mid], name=f"{node.name}.dequantize"))
             else:  # per vocabulary entry: scale (V,) gathered to (B, S), broadcast over C

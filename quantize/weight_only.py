@@ -149,7 +149,8 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
                                                                    symmetric, scale_search)],
                    list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=width_bits,
                    block_size=block_size, accuracy_level=accuracy_level)
-            r.quantized[node.name] = f"MatMulNBits ({width_bits}-bit)" if width_bits != 8 or bits != 8 else "MatMulNBits"
+            r.quantized[node.name] = (f"MatMulNBits ({width_bits}-bit)" if width_bits != 8 or bits != 8
+                                      else "MatMulNBits")
         else:
             r.new_nodes.append(node)
     return r.finish(f"gptedge weight-only int{bits}"), r.quantized
@@ -212,7 +213,8 @@ def storage(recipe: QuantizeRecipe) -> Storage:
     return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "
                            f"{recipe.block_size} along K{kept}",
                    activations=activations,
-                   embedding_and_lm_head=f"tied weight stored once as {_layout(recipe.embedding_bits, recipe.symmetric)} "
+                   embedding_and_lm_head="tied weight stored once as "
+                                         f"{_layout(recipe.embedding_bits, recipe.symmetric)} "
                                          f"MatMulNBits blocks {shape}; LM head MatMulNBits, embedding gathers rows "
                                          "and dequantizes",
                    kept_float="position embedding, LayerNorms, biases" + (" (as fp16)" if recipe.float16 else ""))

@@ -55,7 +55,8 @@ class Classification:
     def to_dict(self) -> dict:
         return {"label": self.label, "index": self.index,
                 "probabilities": list(self.probabilities) if self.choices else dict(zip(self.labels,
-                                                                                         self.probabilities)),
+                                                                                         self.probabilities,
+                                                                                        strict=True)),
                 "labels": list(self.labels), "logits": list(self.logits)}
 
 
@@ -169,7 +170,7 @@ class Classifier:
                 part = members[j:j + per_run]
                 ids, mask = pad_rows([r for i in part for r in example_rows[i]], self.task.pad_id)
                 lg = self.logits(ids.reshape(len(part), n, -1), mask.reshape(len(part), n, -1))  # (b, N)
-                for i, row in zip(part, lg):
+                for i, row in zip(part, lg, strict=True):
                     out[i] = row
         return out  # type: ignore[return-value]
 

@@ -78,7 +78,8 @@ INSTALL_HINTS = {
     "ctranslate2": "pip install ctranslate2 (also in 'gptedge[test]')",
     "optimum": "pip install torch==2.13.0 'gptedge[test]' (optimum-onnx)",
     # No wheel on PyPI: pip compiles llama.cpp (docs/performance.md#building-llama-cpp-python).
-    "llama.cpp": "CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python==0.3.36 (compiles llama.cpp: 8-25 min on 2 cores)",
+    "llama.cpp": "CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python==0.3.36 (compiles llama.cpp: 8-25 min on "
+                 "2 cores)",
 }
 
 

@@ -168,7 +168,8 @@ class LoadedModel:
         ids = [self._prompt_ids(p) for p in prompts]
         m = self.manifest
         pad = m.pad_id if m.pad_id is not None else (m.eos_id or 0)
-        results = beam_search(self.variant, ids, max_new_tokens, m.shape.context_length, m.stop_ids or None, pad, options,
+        results = beam_search(self.variant, ids, max_new_tokens, m.shape.context_length, m.stop_ids or None, pad,
+                              options,
                               prefill_chunk)
         if self.has_tokenizer:
             for r in results:
@@ -223,7 +224,8 @@ def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | N
     imported = not (model_dir / MANIFEST_NAME).exists()
     manifest = manifest_from_hf_dir(model_dir) if imported else read_manifest(model_dir)
     if manifest.task is not None:
-        raise ModelDirError(f"{model_dir} is {article(manifest.task.name)} {manifest.task.name} classifier ({manifest.task.head} head), not a "
+        raise ModelDirError(f"{model_dir} is {article(manifest.task.name)} {manifest.task.name} classifier "
+                            f"({manifest.task.head} head), not a "
                             "language model: use gptedge classify / gptedge.runtime.load_classifier")
     ort_session, graph, tokenizer = open_checked_session(model_dir, manifest, imported, device, session)
     variant = variant_for(ort_session, import_onnxruntime(), manifest, device)

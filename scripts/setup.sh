@@ -61,7 +61,7 @@ else
 fi
 [ "$PROFILE" = test ] || exit 0
 
-# The web target's clients (tests/test_web_*.py; they skip with one line where these are missing):
+# The web target's clients (tests/web/test_web_*.py; they skip with one line where these are missing):
 # - the playground's JavaScript, from the npm registry as gptedge/playground/package-lock.json pins it; scripts never
 #   run (--ignore-scripts: onnxruntime-node's postinstall would download; its binary is already in the package);
 # - Debian's Chromium, driven by the playwright Python package (in [test]); `playwright install` never runs.

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Set up .venv (the test profile: the test extra, Ray, the browser clients) and run the whole test suite, slow and
-# interop tests included; arguments go to pytest. The fast subset: bash scripts/test.sh -m "not slow and not ray and not interop"
+# Set up .venv (the test profile: the test extra, Ray, the browser clients), check the tree with ruff, and run the
+# whole test suite, slow and interop tests included; arguments go to pytest. The fast subset:
+#   bash scripts/test.sh -m "not slow and not ray and not interop"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
+# Lint first, one line ([tool.ruff] in pyproject.toml); a finding prints ruff's report and stops here (CI fails).
+if findings=$(.venv/bin/python -m ruff check --quiet . 2>&1); then
+  echo "lint: ruff check . ... ok" >&2
+else
+  echo "lint: ruff check . ... failed" >&2
+  echo "$findings" >&2
+  exit 1
+fi
 exec .venv/bin/python -m pytest "$@"

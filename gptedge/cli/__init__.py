@@ -7,17 +7,17 @@ checks them the same way; every failure is one `Error: ...` line with one set of
 """
 
 # One line a command: importing its module registers it on `main` (`gptedge --help` lists them sorted).
-from . import bench  # noqa: F401
-from . import classify  # noqa: F401
-from . import compare  # noqa: F401
-from . import evaluate  # noqa: F401
-from . import export  # noqa: F401
-from . import generate  # noqa: F401
-from . import info  # noqa: F401
-from . import pack  # noqa: F401
-from . import quantize  # noqa: F401
-from . import serve  # noqa: F401
-from . import verify  # noqa: F401
+from . import bench  # noqa: F401 - imported to register its command
+from . import classify  # noqa: F401 - imported to register its command
+from . import compare  # noqa: F401 - imported to register its command
+from . import evaluate  # noqa: F401 - imported to register its command
+from . import export  # noqa: F401 - imported to register its command
+from . import generate  # noqa: F401 - imported to register its command
+from . import info  # noqa: F401 - imported to register its command
+from . import pack  # noqa: F401 - imported to register its command
+from . import quantize  # noqa: F401 - imported to register its command
+from . import serve  # noqa: F401 - imported to register its command
+from . import verify  # noqa: F401 - imported to register its command
 from .group import main
 
 __all__ = ["main"]

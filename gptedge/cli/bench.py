@@ -60,4 +60,5 @@ def bench(models: tuple[str, ...], prompt_len: int, new_tokens: int, batch: int,
     click.echo("| engine | load s | first token ms | decode tok/s | peak RSS MiB | notes |")
     click.echo("|---|---:|---:|---:|---:|---|")
     for r in rows:
-        click.echo(f"| {r.name} | {r.load_s:.2f} | {1000 * r.ttft_s:.1f} | {r.decode_tok_s:.1f} | {r.peak_rss_mb:.0f} | {r.notes} |")
+        click.echo(f"| {r.name} | {r.load_s:.2f} | {1000 * r.ttft_s:.1f} | {r.decode_tok_s:.1f} | {r.peak_rss_mb:.0f} "
+                   f"| {r.notes} |")

@@ -28,7 +28,7 @@ def _examples(text: str | None, pair: tuple[str, str] | None, choices: tuple[str
 
 def _line(result) -> str:
     """'label  0.8123  (other 0.1500, third 0.0377)': the best label first, then the others, most likely first."""
-    ranked = sorted(zip(result.labels, result.probabilities), key=lambda lp: -lp[1])
+    ranked = sorted(zip(result.labels, result.probabilities, strict=True), key=lambda lp: -lp[1])
     rest = ", ".join(f"{label} {p:.4f}" for label, p in ranked[1:])
     return f"{ranked[0][0]}\t{ranked[0][1]:.4f}" + (f"\t({rest})" if rest else "")
 

@@ -97,7 +97,8 @@ def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: st
     loaded = [runtime.load(m, device=device, session=runtime.SessionConfig(threads=threads)) for m in (ref, *models)]
     check_comparable(loaded, prompts, new_tokens)
     ids = loaded[0].encode(text)[:max_tokens]
-    opened = peer_score.open_peers(peers, checkpoint, Path(ref), threads, notify=diag) if peers else nullcontext(([], []))
+    opened = peer_score.open_peers(peers, checkpoint, Path(ref), threads,
+                                   notify=diag) if peers else nullcontext(([], []))
     with opened as (scorers, skipped):
         for line in skipped:
             diag(line)

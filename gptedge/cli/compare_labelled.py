@@ -61,7 +61,7 @@ def markdown_report(rows, labelled_name: str, repeats: int) -> str:
                   "| gold \\ predicted | " + " | ".join(r.labels) + " |",
                   "|---|" + "---:|" * len(r.labels)]
         lines += [f"| {label} | " + " | ".join(str(c) for c in counts) + " |"
-                  for label, counts in zip(r.labels, r.confusion)]
+                  for label, counts in zip(r.labels, r.confusion, strict=True)]
     return "\n".join(lines) + "\n"
 
 

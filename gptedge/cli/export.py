@@ -38,7 +38,8 @@ def special_tokens(ctx, param, value: tuple[str, ...]) -> dict[str, str | int]:
 @click.option("--plain-ops", is_flag=True,
               help="Standard ONNX ops only (no ONNX Runtime contrib ops such as MultiHeadAttention).")
 @click.option("--graph", "graph_variant", type=registry_choice(GRAPH_VARIANTS), default=GRAPH_STANDARD,
-              show_default=True, help="kv_buffer: an in-place KV cache (faster decode, not Optimum's contract; GPT-2 and the "
+              show_default=True,
+              help="kv_buffer: an in-place KV cache (faster decode, not Optimum's contract; GPT-2 and the "
                    "rotary families, not the original GPT).")
 @click.option("--revision", default=None, help="Hub SOURCE: branch, tag or commit (default: main).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,

@@ -50,9 +50,10 @@ def _print_beams(loaded, prompt: str, max_new_tokens: int, beams: BeamOptions, a
     if as_json:
         click.echo(json.dumps({"prompt": prompt, "prompt_ids": result.prompt_ids, "sequences": [
             {"ids": ids, "text": text, "score": score}
-            for ids, text, score in zip(result.sequences, result.texts, result.scores)]}, ensure_ascii=False))
+            for ids, text, score in zip(result.sequences, result.texts, result.scores, strict=True)]},
+                              ensure_ascii=False))
         return
-    for k, (text, score) in enumerate(zip(result.texts, result.scores)):
+    for k, (text, score) in enumerate(zip(result.texts, result.scores, strict=True)):
         diag(f"beam {k + 1} of {len(result.texts)}: score {score:.4f}")
         click.echo(text)
 
@@ -69,14 +70,15 @@ def _print_beams(loaded, prompt: str, max_new_tokens: int, beams: BeamOptions, a
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(model: str | None, prompt: str, max_new_tokens: int, sampling: SamplingParams, stop: tuple[str, ...],
              device: str, threads: int, beams: BeamOptions, as_json: bool) -> None:
-    """Continue PROMPT with the model in MODEL (default: the shipped sample model); text on stdout, timings on stderr."""
+    """Continue PROMPT with the model in MODEL (default: the shipped sample model); text on stdout, timings on
+    stderr."""
     if beams.num_beams == 1 and beams.num_return_sequences > 1:
         raise click.UsageError("--num-return-sequences needs --num-beams of at least as many")
     if beams.num_beams > 1 and (stop or sampling != SamplingParams()):
         raise click.UsageError("--num-beams takes no sampling options, repetition penalty or --stop")
     model = str(sample_model_dir()) if model is None else model
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads))
-    loaded.tokenizer  # fail on a missing tokenizer before anything is printed
+    _ = loaded.tokenizer  # fail on a missing tokenizer before anything is printed
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     if beams.num_beams > 1:
         return _print_beams(loaded, prompt, max_new_tokens, beams, as_json)

@@ -30,8 +30,8 @@ def registered() -> dict:
 @device_option
 def info(model: str, device: str) -> None:
     """Print the manifest of MODEL, the execution providers available and used (with their options, and the GPU
-    when CUDA is one), whether ONNX Runtime GenAI and a web browser (pack --target web) can run it, and the families, graph variants, quantization
-    methods and peer engines this install has."""
+    when CUDA is one), whether ONNX Runtime GenAI and a web browser (pack --target web) can run it, and the families,
+    graph variants, quantization methods and peer engines this install has."""
     loaded = runtime.load(model, device=device)
     genai = genai_readiness(model, loaded.manifest)
     web = web_readiness(loaded.manifest)

@@ -94,7 +94,7 @@ def read_labelled(task: Task, text: str, what: str = "JSONL") -> LabelledSet:
     labels = task.labels()
     choice = task.transformation.combine == COMBINE_CHOICES
     examples, gold = [], []
-    for n, obj in zip(numbers, objects):
+    for n, obj in zip(numbers, objects, strict=True):
         try:
             fields = example_fields(task, obj)
         except InvalidArgumentError as e:
@@ -160,7 +160,7 @@ def compare_classifiers(classifiers: Sequence[Classifier], labelled: LabelledSet
         top = np.array([r.index for r in results])  # (E,)
         if i == 0:
             ref_logp, ref_top = logp, top
-        kl = [float((np.exp(p) * (p - q)).sum()) for p, q in zip(ref_logp, logp)]
+        kl = [float((np.exp(p) * (p - q)).sum()) for p, q in zip(ref_logp, logp, strict=True)]
         confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
         np.add.at(confusion, (gold, top), 1)
         speeds = [examples_per_s(clf, example_rows, b, repeats) for b in SPEED_BATCHES]

@@ -73,7 +73,7 @@ def greedy_prompts(ids: list[int], n: int, length: int) -> list[list[int]]:
 
 def matching_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -148,7 +148,8 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
 
     def figures(i: int, outs) -> dict:
         ppl = math.exp(nll[i] / count)
-        greedy_agree = float(np.mean([matching_prefix(r.ids, o.ids) / max(1, len(r.ids)) for r, o in zip(ref_out, outs)]))
+        greedy_agree = float(np.mean([matching_prefix(r.ids, o.ids) / max(1, len(r.ids))
+                                      for r, o in zip(ref_out, outs, strict=True)]))
         return dict(perplexity=ppl, delta_ppl_pct=100.0 * (ppl / ref_ppl - 1.0), top1_agreement=float(agree[i] / count),
                     kl=float(kl[i] / count), greedy_agreement=greedy_agree,
                     tokens_per_s=float(np.mean([o.tokens_per_s for o in outs])))
@@ -172,7 +173,7 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
 
 def mark_dominated(rows: list[CompareRow]) -> None:
     """Each row's `dominated_by`: the rows (by `model`) with KL no higher and tok/s no lower, one strictly."""
-    for row, by in zip(rows, dominators([(r.kl, r.tokens_per_s) for r in rows])):
+    for row, by in zip(rows, dominators([(r.kl, r.tokens_per_s) for r in rows]), strict=True):
         row.dominated_by = [rows[j].model for j in by]
 
 
@@ -181,7 +182,8 @@ def markdown_table(rows: list[CompareRow], tokens: int, text_name: str, greedy: 
     says what the greedy columns ran (e.g. "8 prompts x (896 + 128) tokens")."""
     lines = [f"Compared on {text_name} ({tokens:,} tokens); reference: {Path(rows[0].model).name}"
              + (f"; greedy agreement and decode tok/s over {greedy}" if greedy else ""), "",
-             "| model | method | size MB | perplexity | Δ ppl % | top-1 agree | KL(ref‖model) | greedy agree | decode tok/s "
+             "| model | method | size MB | perplexity | Δ ppl % | top-1 agree | KL(ref‖model) | greedy agree | "
+             "decode tok/s "
              "| engine | dominated by |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     short = {r.model: r.model if r.peer else Path(r.model).name for r in rows}  # a dir's name; a peer's own

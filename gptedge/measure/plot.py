@@ -64,7 +64,8 @@ def plot_compare(rows, out: str | Path, title: str) -> None:
         size = r.size_bytes / 1e6
         marker = PEER if r.peer else GPTEDGE
         ax1.scatter(size, r.delta_ppl_pct, s=60, marker=marker, color=f"C{i % 10}")
-        ax1.annotate(f"{name}\nKL {r.kl:.4f}", (size, r.delta_ppl_pct), textcoords="offset points", xytext=(6, dy), fontsize=8)
+        ax1.annotate(f"{name}\nKL {r.kl:.4f}", (size, r.delta_ppl_pct), textcoords="offset points", xytext=(6, dy),
+                     fontsize=8)
         ax2.scatter(size, r.tokens_per_s, s=60, marker=marker, color=f"C{i % 10}")
         ax2.annotate(name, (size, r.tokens_per_s), textcoords="offset points", xytext=(6, dy), fontsize=8)
     ax1.axhline(0, color="grey", lw=0.8)

@@ -40,7 +40,8 @@ from gptedge.runtime.modeldir.web_ready import WASM_CONTRIB_OPS, recipe_dtype, w
 PACK_FORMAT = 1
 CONTRIB_DOMAIN = "com.microsoft"
 # The default dtype (config.json's transformers.js_config.dtype, the page's first choice), best first: the
-# recommended web recipe measured by benchmarks/web_bench.py (docs/web-and-mobile.md#the-browser-transformersjs-on-onnxruntime-web).
+# recommended web recipe measured by benchmarks/web_bench.py
+# (docs/web-and-mobile.md#the-browser-transformersjs-on-onnxruntime-web).
 RECOMMENDED_ORDER = ("q8", "int8", "q4", "uint8", "fp32")
 
 

@@ -1,6 +1,7 @@
 """/v1/classify as data: parse and check a request body, build the response and the model card's task fields.
 
-No HTTP and no model here (as openai_schema.py for completions). The shapes (docs/serving.md#serving-a-classifier-post-v1classify):
+No HTTP and no model here (as openai_schema.py for completions). The shapes
+(docs/serving.md#serving-a-classifier-post-v1classify):
 
     request   {"model": "entail", "input": EXAMPLE or [EXAMPLE, ...]}       model optional
     EXAMPLE   "text"                                   classification
@@ -87,7 +88,7 @@ def text_fields(fields: dict) -> list[str]:
 
 def classification(index: int, result, keyed: bool) -> dict:
     """One data entry. keyed: probabilities as {label: p} (a sequence head with distinct labels), else a list."""
-    probabilities = dict(zip(result.labels, result.probabilities)) if keyed else list(result.probabilities)
+    probabilities = dict(zip(result.labels, result.probabilities, strict=True)) if keyed else list(result.probabilities)
     return {"index": index, "label": result.label, "label_index": result.index, "probabilities": probabilities,
             "logits": list(result.logits)}
 

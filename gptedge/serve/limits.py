@@ -128,7 +128,7 @@ def parse_json(body: bytes, limits: Limits):
         raise ApiError(400, f"the request body nests {depth} levels deep; at most {limits.max_json_depth} are allowed")
     try:
         value = json.loads(body)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ApiError(400, "the request body is not valid JSON") from None
     check_unicode(value)
     return value

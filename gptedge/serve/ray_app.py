@@ -127,7 +127,7 @@ class GptEdgeReplica:
         started = time.perf_counter()
         self.config = config
         model = load(config.model, device=config.device, session=SessionConfig(threads=config.threads))
-        model.tokenizer  # fail the replica's start on a missing tokenizer, not its first request
+        _ = model.tokenizer  # fail the replica's start on a missing tokenizer, not its first request
         self.engine = Engine(model, max_batch=config.max_batch, max_queue=config.max_queue).start()
         api_key = config.api_key or os.environ.get("GPTEDGE_API_KEY") or None
         self.state = ServeState(Generating(self.engine, model,

@@ -62,7 +62,7 @@ def fingerprint_problems(recorded: Fingerprint, measured: Fingerprint, precision
                 f"({list(measured.prompt_ids)[:4]}... vs {list(recorded.prompt_ids)[:4]}...)"]
     problems = []
     for step, (want, got, want_logit, got_logit, margin) in enumerate(
-            zip(recorded.ids, measured.ids, recorded.logits, measured.logits, recorded.margins)):
+            zip(recorded.ids, measured.ids, recorded.logits, measured.logits, recorded.margins, strict=False)):
         tol = tolerance(precision, want_logit)
         if want != got:
             if margin > tol:

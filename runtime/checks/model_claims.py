@@ -1,5 +1,6 @@
 """The manifest's claims, checked against the graph and the files beside it: one line per mismatch,
-naming both values (docs/design.md#failures-and-bad-input). load() raises on the first; `gptedge verify` prints them all.
+naming both values (docs/design.md#failures-and-bad-input). load() raises on the first; `gptedge verify` prints them
+all.
 
 What each claim is checked against (facts from onnx_wire, read without running anything):
 - context_length: the rows of the position table (the initializer Gather reads with `position_ids`);

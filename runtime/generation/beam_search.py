@@ -60,7 +60,8 @@ class _Beams:
 
 
 def beam_search(variant: GraphVariant, prompts: Sequence[Sequence[int]], max_new_tokens: int, context_length: int,
-                eos_id: int | tuple[int, ...] | None, pad_id: int, options: BeamOptions = BeamOptions(),
+                eos_id: int | tuple[int, ...] | None, pad_id: int,
+                options: BeamOptions = BeamOptions(),  # noqa: B008 - frozen: one shared default is safe
                 prefill_chunk: int | None = None) -> list[BeamResult]:
     """eos_id: the end-of-sequence id, or every one where a model has several."""
     check_prompts(prompts, max_new_tokens, context_length)

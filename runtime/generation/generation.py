@@ -84,7 +84,8 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, context
             raise InvalidArgumentError("a prompt is empty: give at least one token")
         if len(p) >= context_length:
             raise PromptTooLongError(
-                f"prompt is {len(p)} tokens; the model's context holds {context_length}, leaving no room for a new token"
+                f"prompt is {len(p)} tokens; the model's context holds {context_length}, leaving no room for a "
+                "new token"
             )
         if vocab_size is not None:
             check_ids(p, vocab_size, "prompt token ids")
@@ -119,7 +120,8 @@ class SequenceState:
 
 def run_generation(
     variant: GraphVariant, prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: int,
-    context_length: int, eos_id: int | tuple[int, ...] | None, pad_id: int, tokenizer=None, stop_strings: Sequence[str] = (),
+    context_length: int, eos_id: int | tuple[int, ...] | None, pad_id: int, tokenizer=None,
+                   stop_strings: Sequence[str] = (),
     prefill_chunk: int | None = PREFILL_CHUNK,
 ) -> Generator[tuple[int, str], None, list[Generation]]:
     """Yields (row, text piece) as text completes; returns one Generation per prompt."""

@@ -2,7 +2,7 @@
 where the logits are (on the GPU), so only the ids cross to the host each step.
 
 The runtime installs no `onnx` package (ONNX Runtime alone), so the few protobuf messages are written
-by hand here; tests/test_fp16.py (test_argmax_graph_is_valid_onnx_and_matches_numpy) parses them with onnx,
+by hand here; tests/quantize/test_fp16.py (test_argmax_graph_is_valid_onnx_and_matches_numpy) parses them with onnx,
 checks them with its checker and runs them against numpy.
 Field numbers are onnx.proto3's.
 """

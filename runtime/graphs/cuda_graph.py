@@ -90,7 +90,8 @@ class GraphDecoder:
 
     def _bind(self, session: Any):
         binding = session.io_binding()
-        for past, present, buf in zip(self.variant.names.past_names, self.variant.names.present_names, self.kv):
+        for past, present, buf in zip(self.variant.names.past_names, self.variant.names.present_names, self.kv,
+                                      strict=True):
             binding.bind_ortvalue_input(past, buf)
             binding.bind_ortvalue_output(present, buf)
         binding.bind_ortvalue_output(C.LOGITS, self.logits)
@@ -136,7 +137,7 @@ class GraphDecoder:
             # ONNX Runtime reads bound host inputs in place: keep them alive until the next run
             self._inputs = tuple(np.ascontiguousarray(a, dtype=np.int64)
                                  for a in (input_ids, attention_mask, position_ids))
-            for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
+            for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs, strict=True):
                 self.prefill_binding.bind_cpu_input(name, array)
             self.variant.session.run_with_iobinding(self.prefill_binding)
         self.held = T

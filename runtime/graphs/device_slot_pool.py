@@ -55,7 +55,8 @@ class DeviceSlotPool:
         """A binding of the ordinary session over one row of every cache (device addresses), logits to the host."""
         binding = self.variant.session.io_binding()
         device = self.variant.kv_device
-        for past, present, buf in zip(self.variant.names.past_names, self.variant.names.present_names, self.decoder.kv):
+        for past, present, buf in zip(self.variant.names.past_names, self.variant.names.present_names, self.decoder.kv,
+                                      strict=True):
             address = buf.data_ptr() + slot * self._row_bytes
             for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
                 bind(name, device, 0, self.variant.kv_dtype, self._kv_row_shape, address)
@@ -75,7 +76,7 @@ class DeviceSlotPool:
     def _run_slot(self, binding, ids: np.ndarray, start: int, end: int) -> np.ndarray:
         self._inputs = (np.ascontiguousarray(ids[:, start:end]), np.ones((1, end), np.int64),
                         np.arange(start, end, dtype=np.int64)[None])
-        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
+        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs, strict=True):
             binding.bind_cpu_input(name, array)
         self.variant.session.run_with_iobinding(binding)
         return self._prefill_logits[0, -1].astype(np.float32)  # (V,)
@@ -139,7 +140,8 @@ class DeviceSlotPool:
         self.decoder.step(ids, self._mask, pos)
         for s in slots:
             self._hold(s, self._held[s] + 1)
-        return self.decoder.logits.numpy()[slots, -1, :].astype(np.float32)  # (n, V) in seqs' order: only theirs converted
+        # (n, V) in seqs' order: only theirs converted
+        return self.decoder.logits.numpy()[slots, -1, :].astype(np.float32)
 
     def remove(self, seq: int) -> None:
         self.prompt_logits.pop(seq, None)

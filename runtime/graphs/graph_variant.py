@@ -1,4 +1,5 @@
-"""A graph variant is one runtime object, chosen once at load from the manifest's `graph` (docs/design.md#the-registries).
+"""A graph variant is one runtime object, chosen once at load from the manifest's `graph`
+(docs/design.md#the-registries).
 
 Each variant owns how its graph is fed: the KV cache of a generation (a DecodeState), how many
 prompt positions one prefill run may take, a forward pass over every position (validation, eval,

@@ -41,7 +41,7 @@ class KVBufferState:
                         for _ in range(2 * shape.n_layer)]
         self._session = graph.session
         self._binding = binding = graph.session.io_binding()
-        for past, present, buf in zip(graph.names.past_names, graph.names.present_names, self.buffers):
+        for past, present, buf in zip(graph.names.past_names, graph.names.present_names, self.buffers, strict=True):
             binding.bind_ortvalue_input(past, buf)
             binding.bind_ortvalue_output(present, buf)
         graph.bind_keep(binding, 1)  # the LM head runs on the last position only
@@ -66,7 +66,7 @@ class KVBufferState:
     def _step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> None:
         # ONNX Runtime reads bound host inputs in place: keep them alive until the next step rebinds.
         self._inputs = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids))
-        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs):
+        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs, strict=True):
             self._binding.bind_cpu_input(name, array)
         self._session.run_with_iobinding(self._binding)
         self._held = attention_mask.shape[1]  # positions written so far
@@ -171,12 +171,12 @@ class KVBufferGraph(GraphVariant):
         binding = self.session.io_binding()
         names = (C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS)
         inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)]
-        for name, array in zip(names, inputs):  # read in place by the run: `inputs` keeps them alive
+        for name, array in zip(names, inputs, strict=True):  # read in place by the run: `inputs` keeps them alive
             binding.bind_cpu_input(name, array)
         self.bind_keep(binding, 0)  # every position
         binding.bind_output(C.LOGITS, "cpu")
         owned = []
-        for in_name, out_name, p in zip(self.names.past_names, self.names.present_names, past):
+        for in_name, out_name, p in zip(self.names.past_names, self.names.present_names, past, strict=True):
             p = np.asarray(p.numpy() if hasattr(p, "numpy") else p)
             grown = np.zeros(p.shape[:2] + (total,) + p.shape[3:], p.dtype)  # (B, nh, T, hs)
             grown[:, :, :p.shape[2]] = p

@@ -101,7 +101,8 @@ def make_session(model_path: str | bytes, device: str = "auto", config: SessionC
     ort = import_onnxruntime()
     providers = providers_for(device)
     options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[config.optimization_level])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                               OPTIMIZATION_LEVELS[config.optimization_level])
     options.log_severity_level = 3  # our own logging says what matters; ORT's warnings are noise to users
     if config.threads:
         options.intra_op_num_threads = config.threads
@@ -142,7 +143,8 @@ def gpu_description() -> list[dict[str, str]]:
     except (OSError, subprocess.SubprocessError) as e:
         log.info("nvidia-smi failed: %s", e)
         return []
-    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
+    return [dict(zip(fields, (v.strip() for v in line.split(",")), strict=False)) for line in out.splitlines()
+            if line.strip()]
 
 
 def provider_report(session: Any) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """genai_config.json and tokenizer_config.json: the two files that let ONNX Runtime GenAI run a model dir.
 
 ONNX Runtime GenAI (`onnxruntime-genai`, the C/C++/C#/Java/mobile generation loop) reads a model
-folder through its `genai_config.json`. gptedge writes one beside every manifest (docs/web-and-mobile.md#run-it-elsewhere) so the
-same dir runs there unchanged. Choices, checked against onnxruntime-genai 0.18.0 on CPU:
+folder through its `genai_config.json`. gptedge writes one beside every manifest
+(docs/web-and-mobile.md#run-it-elsewhere) so the same dir runs there unchanged. Choices, checked against
+onnxruntime-genai 0.18.0 on CPU:
 
 - model type "decoder": GenAI's generic decoder-only model, which binds the graph's I/O by the names
   given here. "gpt2" selects its legacy GPT-2 model with one combined past tensor per layer and fails

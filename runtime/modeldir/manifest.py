@@ -168,7 +168,8 @@ class SearchCandidate:
 
 @dataclass(frozen=True)
 class RecipeSearch:
-    """`quantize --max-kl`: the budget, what was preferred, the candidates in the order tried, the chosen one's options."""
+    """`quantize --max-kl`: the budget, what was preferred, the candidates in the order tried, the chosen one's
+    options."""
 
     max_kl: float
     prefer: str

@@ -15,7 +15,8 @@ from fnmatch import fnmatchcase
 from ..errors import InvalidArgumentError
 from ..registry import FAMILIES, GPT2_LINEARS, QUANTIZATION_METHODS
 
-# 4-bit defaults, chosen by KL(fp32||int4) on the sample model's held-out excerpt (docs/quantization.md#4-bit-weight-only):
+# 4-bit defaults, chosen by KL(fp32||int4) on the sample model's held-out excerpt
+# (docs/quantization.md#4-bit-weight-only):
 # an 8-bit tied embedding / LM head halves to quarters the KL for +1 MB; asymmetric blocks of 32 were best.
 EMBEDDING_BITS_WITH_INT4 = 8
 SYMMETRIC_WITH_INT4 = False

@@ -123,7 +123,7 @@ def example_fields(task: Task, example: Mapping | str | Sequence) -> dict:
         if len(example) != len(fields):
             raise InvalidArgumentError(f"{task.name} takes {len(fields)} fields ({', '.join(fields)}), "
                                        f"got {len(example)}")
-        example = dict(zip(fields, example))
+        example = dict(zip(fields, example, strict=False))
     if not isinstance(example, Mapping):
         raise InvalidArgumentError(f"{task.name} takes {len(fields)} fields ({', '.join(fields)}) as a list or a "
                                    f"mapping, got {type(example).__name__}"

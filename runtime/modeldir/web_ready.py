@@ -7,7 +7,7 @@ graph fits and the `kv_buffer` graph (one preallocated buffer bound as both) doe
 
 Contrib ops: every ONNX Runtime contrib op gptedge writes is in onnxruntime-web's WASM build (checked on
 onnxruntime-web 1.31.0-dev, the build transformers.js 4.3.1 pins: a session is created for each graph kind in
-tests/test_web_node.py), so no recipe needs the `--plain-ops` fallback today; a graph using an op outside
+tests/web/test_web_node.py), so no recipe needs the `--plain-ops` fallback today; a graph using an op outside
 WASM_CONTRIB_OPS is refused by `pack` with that hint.
 
 dtype names follow transformers.js (`DEFAULT_DTYPE_SUFFIX_MAPPING` in its source): fp32 -> model.onnx,
@@ -79,7 +79,9 @@ def web_readiness(manifest: Manifest) -> WebReadiness:
     """Whether transformers.js on onnxruntime-web (WASM) runs this dir as packed, and as which dtype."""
     dtype, label = recipe_dtype(manifest)
     if manifest.task is not None:  # transformers.js' text-generation layout: logits over the vocabulary, a cache
-        return WebReadiness(False, None, f"{article(manifest.task.name)} {manifest.task.name} classifier: web packs hold language models "
+        return WebReadiness(False, None,
+                            f"{article(manifest.task.name)} {manifest.task.name} classifier: web packs hold "
+                            "language models "
                                          "(transformers.js text generation)")
     if dtype is None:
         return WebReadiness(False, None, label)

@@ -1,7 +1,7 @@
 """The engine's admission policy as a pure function: which newcomers prefill this loop turn, and how.
 
 The engine (engine.py) asks `plan_prefill` once per turn and carries the plan out; the policy itself needs no
-model, no session and no thread, so it is tested on plain numbers (tests/test_admission.py), as vLLM's scheduler
+model, no session and no thread, so it is tested on plain numbers (tests/serve/test_admission.py), as vLLM's scheduler
 returns its decisions as data.
 
 The policy: a running row waits at most one prefill run between two tokens, and a run takes at most `budget`

@@ -32,6 +32,7 @@ def bench_peers(names: list[str], source: Path | None, model_dir: Path, prompts,
             try:
                 rows.append(run())
             except ImportError as e:
-                rows.append(BenchRow(label, 0, 0, 0, peak_rss_mb(), f"not run: {e.name} not installed ({install_hint('peers')})"))
+                rows.append(BenchRow(label, 0, 0, 0, peak_rss_mb(),
+                                     f"not run: {e.name} not installed ({install_hint('peers')})"))
             log.info("bench %s done", label)
     return rows

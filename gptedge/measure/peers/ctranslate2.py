@@ -42,7 +42,8 @@ def bench_ctranslate2(source: Path, prompts, new_tokens: int, threads: int, repe
         generator.generate_batch(tokens, max_length=n, min_length=n, sampling_topk=1, include_prompt_in_result=False)
 
     ttft, rate, runs = timed(generate, new_tokens, len(prompts), repeat)
-    return BenchRow(f"CTranslate2 {compute_type}", load_s, ttft, rate, peak_rss_mb(), f"ctranslate2 {ctranslate2.__version__}", runs)
+    return BenchRow(f"CTranslate2 {compute_type}", load_s, ttft, rate, peak_rss_mb(),
+                    f"ctranslate2 {ctranslate2.__version__}", runs)
 
 
 def bench_rows(job: BenchJob) -> list[PlannedRow]:

@@ -116,7 +116,8 @@ def converter_source() -> Path | None:
     if p.is_file() and (p.name == CONVERTER or p.name.endswith((".tar.gz", ".tgz"))):
         return p
     if p.is_dir():
-        for candidate in (p / CONVERTER, p / "vendor" / "llama.cpp" / CONVERTER, *p.glob(f"*/vendor/llama.cpp/{CONVERTER}")):
+        for candidate in (p / CONVERTER, p / "vendor" / "llama.cpp" / CONVERTER,
+                          *p.glob(f"*/vendor/llama.cpp/{CONVERTER}")):
             if candidate.is_file():
                 return candidate
     return None

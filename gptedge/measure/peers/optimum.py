@@ -86,7 +86,8 @@ class OptimumScorer:
     def __init__(self, model_dir: Path, int8: bool, threads: int, vocab_size: int, context_length: int):
         self.model = load_optimum(model_dir, threads)
         self.vocab_size, self.context_length = vocab_size, context_length
-        size = sum(f.stat().st_size for f in model_dir.iterdir() if f.suffix in (".onnx", ".data") or f.name.endswith(".onnx_data"))
+        size = sum(f.stat().st_size for f in model_dir.iterdir() if f.suffix in (".onnx", ".data")
+                   or f.name.endswith(".onnx_data"))
         self.info = PeerInfo("optimum int8" if int8 else "optimum fp32", f"optimum-onnx {version('optimum-onnx')}",
                              "int8" if int8 else "fp32", "Optimum " + (OPTIMUM_INT8 if int8 else "fp32"), size)
 

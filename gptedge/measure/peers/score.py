@@ -3,9 +3,9 @@ its recipes on the same windows, against the same fp32 reference, as gptedge's r
 
 | peer | recipes (default) | a window's logits | greedy continuation (timed as gptedge's) |
 |---|---|---|---|
-| ctranslate2 | int8, int8_float32 (converter quantization = compute type) | `Generator.forward_batch` | `Generator.generate_tokens` |
-| llama.cpp | Q8_0, Q4_K_M, Q4_0 (gptedge.measure.peers.llama_cpp) | `Llama(logits_all=True).eval` | `Llama.generate`, temp 0 |
-| optimum | dynamic int8 (ORTQuantizer avx512_vnni, per channel) | `ORTModelForCausalLM(...)` | `.generate` with a streamer |
+| ctranslate2 | int8, int8_float32 (quantization = compute type) | `Generator.forward_batch` | `.generate_tokens` |
+| llama.cpp | Q8_0, Q4_K_M, Q4_0 (peers/llama_cpp.py) | `Llama(logits_all=True).eval` | `Llama.generate`, temp 0 |
+| optimum | dynamic int8 (ORTQuantizer avx512_vnni, per channel) | `ORTModelForCausalLM` | `.generate`, a streamer |
 
 Peers always run on CPU. A peer whose package is not installed is skipped with a one-line install hint;
 one that fails on the checkpoint is a PeerError. When two recipes of one peer resolve to one engine
@@ -40,7 +40,8 @@ def unavailable(peer: str) -> str | None:
         try:
             importlib.import_module(module)
         except ImportError:
-            return f"{module} is not installed: {install_hint(engine.install if module == engine.needs[0] else 'peers')}"
+            hint = install_hint(engine.install if module == engine.needs[0] else "peers")
+            return f"{module} is not installed: {hint}"
     return engine.missing()
 
 

@@ -26,7 +26,8 @@ def bench_torch(source: Path, prompts, new_tokens: int, threads: int, repeat: in
                            do_sample=False, pad_token_id=0)
 
     ttft, rate, runs = timed(generate, new_tokens, len(prompts), repeat)
-    return BenchRow("transformers (PyTorch eager) fp32", load_s, ttft, rate, peak_rss_mb(), f"torch {torch.__version__}", runs)
+    return BenchRow("transformers (PyTorch eager) fp32", load_s, ttft, rate, peak_rss_mb(),
+                    f"torch {torch.__version__}", runs)
 
 
 def bench_rows(job: BenchJob) -> list[PlannedRow]:

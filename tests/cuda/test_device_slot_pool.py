@@ -1,0 +1,93 @@
+"""The GPU's slot pool (runtime/graphs/device_slot_pool.py) on the CPU: the same slots, device-address bindings and one
+decode run over every slot, through the CPU session, against the CPU's own SlotPool on one schedule of joins,
+chunked prefills, steps and leaves; and the engine serving through it as through SlotPool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gptedge.runtime import load
+from gptedge.runtime.graphs.cuda_graph import GraphDecoder
+from gptedge.runtime.graphs.device_slot_pool import DeviceSlotPool
+from gptedge.runtime.graphs.kv_buffer_pool import SlotPool
+from gptedge.runtime.graphs.sequence_pool import drain
+
+pytestmark = pytest.mark.slow  # the GPU slot pool built and run on the CPU against the engine
+
+A, B, C_, D = [5, 17, 300, 42, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1], [1000, 2000], [11, 12, 13, 14, 15, 16, 17]
+
+
+@pytest.fixture(scope="module")
+def model(gpt2_kv_buffer_loaded):
+    return load(gpt2_kv_buffer_loaded.model_dir, device="cpu")
+
+
+def _device_pool(model, capacity: int) -> DeviceSlotPool:
+    return DeviceSlotPool(model.variant, capacity, model.manifest.shape.context_length,
+                          GraphDecoder(model.variant, capacity, model.session))
+
+
+def _schedule(pool) -> list[np.ndarray]:
+    """Joins, a chunked prefill between steps, a leave and a slot reused: every logits array the pool returned."""
+    out = [drain(pool.prefill(1, A, None))]
+    out.append(pool.step([1], np.array([3])))
+    runs = pool.prefill(2, B, 4)  # 4 + 4 + 1 positions, the running row decoding between chunks
+    next(runs)
+    out.append(pool.step([1], np.array([4])))
+    next(runs)
+    out.append(pool.step([1], np.array([5])))
+    out.append(drain(runs))
+    out.append(pool.step([1, 2], np.array([6, 7])))
+    out.append(pool.prefill_group([3], [C_]))
+    out.append(pool.step([2, 3, 1], np.array([8, 9, 10])))
+    pool.remove(1)
+    out.append(pool.step([3, 2], np.array([11, 12])))
+    out.append(pool.prefill_group([4], [D]))  # takes the freed slot
+    for t in range(6):
+        out.append(pool.step([2, 4, 3], np.array([20 + t, 30 + t, 40 + t])))
+    return out
+
+
+def test_device_slot_pool_equals_the_cpu_slot_pool(model):
+    ctx = model.manifest.shape.context_length
+    want = _schedule(SlotPool(model.variant, 4, ctx))
+    got = _schedule(_device_pool(model, 4))
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=0, err_msg=f"call {i}")
+
+
+def test_device_slot_pool_refuses_what_it_cannot_hold(model):
+    pool = _device_pool(model, 2)
+    drain(pool.prefill(1, A, None))
+    drain(pool.prefill(2, B, None))
+    with pytest.raises(RuntimeError, match="full"):
+        drain(pool.prefill(3, C_, None))
+    with pytest.raises(RuntimeError, match="every joined sequence"):
+        pool.step([1], np.array([0]))
+    pool.remove(2)
+    pool.remove(2)  # twice: nothing happens
+    drain(pool.prefill(3, C_, None))  # the slot is reused
+    assert pool.step([1, 3], np.array([1, 2])).shape == (2, model.manifest.shape.vocab_size)
+
+
+def test_the_engine_through_the_device_slot_pool_gives_solo_greedy_results(model):
+    from gptedge.runtime.serving.engine import CompletionRequest, Engine
+    from gptedge.runtime.generation.sampling import SamplingParams
+
+    from ..support.engine import Collector, staggered_requests
+
+    served = load(model.model_dir, device="cpu")
+    served.variant.sequence_pool = lambda capacity, max_length: _device_pool(served, capacity)
+    requests = [CompletionRequest(r.prompt_ids, r.max_new_tokens, sampling=SamplingParams(greedy=True), stop=r.stop)
+                for r in staggered_requests(served, 10)]
+    solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, greedy=True) for r in requests]
+    engine = Engine(served, max_batch=3, max_queue=16, prefill_chunk=4).start()
+    assert isinstance(engine.pool, DeviceSlotPool)
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
