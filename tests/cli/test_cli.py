@@ -155,7 +155,7 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
     import gptedge.quantize.quantizer as q
 
     done = NS(parity=NS(vs_fp32=NS(top1_agreement=1.0, max_abs_logit_diff=0.0, device="cpu", greedy_agreement=1.0)),
-              quantization=NS(quantized_nodes={}))
+              quantization=NS(quantized_nodes={}, awq=False))
     quantize = Calls(done)
     monkeypatch.setattr(q, "quantize_model_dir", quantize)
     (tmp_path / "cal.txt").write_text("calibration text", encoding="utf-8")

@@ -1,6 +1,6 @@
 """GPT-2's descendants through `export --precision fp16` and `quantize` as GPT-2 goes through them: every method,
 4-bit, `--keep-8bit` by the family-neutral linear names (docs/quantization.md#linear-names) and the int8 / int4 KV
-cache on grouped-query attention. Tiny seeded checkpoints written by transformers (tests/lineage_checkpoints.py):
+cache on grouped-query attention. Tiny seeded checkpoints written by transformers (tests/support/lineage_checkpoints.py):
 Llama with GQA and an untied head, Qwen2 with q/k/v biases, GPT-NeoX with partial rotary and parallel residual,
 and the tied Llama / GPT-NeoX variants (dynamic and static INT8 take a tied embedding / LM head only)."""
 
@@ -75,7 +75,7 @@ def matmul_nbits_bits(model_dir) -> dict[str, int]:
 
 @pytest.mark.parametrize("variant", list(UNTIED))
 def test_export_fp16_stays_within_gpt2s_fp16_tolerance(variant, checkpoints, fp32_dirs, root):
-    """The fp16 export against the validated fp32 one: GPT-2's fp16 bound (tests/test_fp16.py: max |logit diff| <
+    """The fp16 export against the validated fp32 one: GPT-2's fp16 bound (tests/quantize/test_fp16.py: max |logit diff| <
     0.05, top-1 >= 98 %; measured here 2.4e-4 to 4.2e-4). Greedy: fp32's continuations of 3 prompts x 16 tokens,
     teacher-forced through fp16: every token where fp16 picks otherwise is a near tie, fp32's margin between the
     two picks within twice that position's fp16 error (measured: 100 % identical on Llama and GPT-NeoX; on Qwen2
@@ -218,7 +218,7 @@ def gqa_caches(fp32_dirs, root):
 def test_quantized_kv_cache_on_grouped_query_attention(gqa_caches):
     """The cache holds the 2 key/value heads, not 4, in the declared type; teacher-forced through it over the whole
     context (56 positions), mean KL(fp32 || cache) and top-1 agreement. Measured: int8 1.4e-7 / 100 %, int4 3.6e-5 /
-    92.9 % (GPT-2's tiny model, std 0.3 weights, bounds them at 1e-3 and 0.12: tests/test_kv_cache.py)."""
+    92.9 % (GPT-2's tiny model, std 0.3 weights, bounds them at 1e-3 and 0.12: tests/quantize/test_kv_cache.py)."""
     from ..quantize.test_kv_cache import _kl, _teacher_forced
 
     for cache, element in (("fp32", np.float32), ("int8", np.int8), ("int4", np.uint8)):
