@@ -74,8 +74,8 @@ def test_web_pack_is_transformers_js_layout_with_the_familys_model_type(web_pack
 
 
 def test_web_pack_refuses_a_kv_buffer_graph_in_one_line(dirs, tmp_path):
-    result = CliRunner().invoke(main, ["pack", str(dirs["gqa2-linear-kv"]), "--target", "web", "-o",
-                                       str(tmp_path / "w")])
+    result = CliRunner().invoke(main, ["pack", str(dirs["gqa2-linear-kv"]), "--target", "web", "--no-page", "-o",
+                                       str(tmp_path / "w")])  # --no-page: the refusal needs no JavaScript installed
     assert result.exit_code != 0 and "not web-ready: a kv_buffer graph" in result.output.strip().splitlines()[-1]
     assert not (tmp_path / "w").exists()
 

@@ -23,7 +23,7 @@ from gptedge.runtime.serving.engine import CompletionRequest, Engine  # noqa: E4
 from ..support.structured_schemas import generated_schema, write_llama_checkpoint  # noqa: E402 - after the optional-dependency skip above
 
 SCHEMAS = 50
-SAMPLE_MODEL = Path(__file__).resolve().parents[1] / "samples" / "sample-model"
+SAMPLE_MODEL = Path(__file__).resolve().parents[2] / "samples" / "sample-model"
 PROMPT = "The record: "
 MAX_TOKENS = 200
 
