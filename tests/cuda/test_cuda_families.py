@@ -1,7 +1,8 @@
 """Parity rung 6 on a GPU for GPT-2's descendants: Llama (GQA, untied), Qwen2 (q/k/v biases) and GPT-NeoX (partial
 rotary, parallel residual) on the CUDA provider against the CPU fp32 graph.
 
-Tiny seeded checkpoints written by transformers (tests/support/lineage_checkpoints.py), exported as kv_buffer dirs (the GPU's
+Tiny seeded checkpoints written by transformers (tests/support/lineage_checkpoints.py), exported as kv_buffer dirs
+(the GPU's
 graph variant), then fp16 and weight-only 4-bit with fp16 activations, as a user takes them to a GPU. Skipped where
 ONNX Runtime has no CUDA execution provider (CI has none); `pytest -m cuda` on a machine with onnxruntime-gpu.
 """

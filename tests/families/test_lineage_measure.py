@@ -1,7 +1,8 @@
 """GPT-2's descendants through generation and measurement as GPT-2 goes through them: beams as transformers'
 beam search, `eval` against transformers' own perplexity, `compare` with the Optimum and CTranslate2 peers,
 `bench` with the torch / GenAI / Optimum peers, `info`, `verify`, and ONNX Runtime GenAI's own loop on each dir.
-Tiny seeded checkpoints written by transformers (tests/support/lineage_checkpoints.py): Llama with GQA and an untied head,
+Tiny seeded checkpoints written by transformers (tests/support/lineage_checkpoints.py): Llama with GQA and an untied
+head,
 Qwen2 with q/k/v biases, GPT-NeoX with partial rotary and parallel residual."""
 
 from __future__ import annotations

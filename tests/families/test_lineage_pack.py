@@ -1,6 +1,7 @@
 """`gptedge pack --target web | mobile` on GPT-2's descendants: transformers.js reads config.json's model_type
 (`llama`, `qwen2`, `gpt_neox`, all of which it implements) and the `onnx/model_<dtype>.onnx` files; in Node,
-through the playground's own module, it gives gptedge's greedy ids (tests/support/web_clients.py's harness; it skips where
+through the playground's own module, it gives gptedge's greedy ids (tests/support/web_clients.py's harness; it skips
+where
 node or the playground's node_modules is absent). The ORT-format model runs through gptedge's loop with the source
 dir's ids, the GQA kv_buffer graph and MatMulNBits included."""
 

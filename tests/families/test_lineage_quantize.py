@@ -1,6 +1,7 @@
 """GPT-2's descendants through `export --precision fp16` and `quantize` as GPT-2 goes through them: every method,
 4-bit, `--keep-8bit` by the family-neutral linear names (docs/quantization.md#linear-names) and the int8 / int4 KV
-cache on grouped-query attention. Tiny seeded checkpoints written by transformers (tests/support/lineage_checkpoints.py):
+cache on grouped-query attention. Tiny seeded checkpoints written by transformers
+(tests/support/lineage_checkpoints.py):
 Llama with GQA and an untied head, Qwen2 with q/k/v biases, GPT-NeoX with partial rotary and parallel residual,
 and the tied Llama / GPT-NeoX variants (dynamic and static INT8 take a tied embedding / LM head only)."""
 
@@ -75,8 +76,8 @@ def matmul_nbits_bits(model_dir) -> dict[str, int]:
 
 @pytest.mark.parametrize("variant", list(UNTIED))
 def test_export_fp16_stays_within_gpt2s_fp16_tolerance(variant, checkpoints, fp32_dirs, root):
-    """The fp16 export against the validated fp32 one: GPT-2's fp16 bound (tests/quantize/test_fp16.py: max |logit diff| <
-    0.05, top-1 >= 98 %; measured here 2.4e-4 to 4.2e-4). Greedy: fp32's continuations of 3 prompts x 16 tokens,
+    """The fp16 export against the validated fp32 one: GPT-2's fp16 bound (tests/quantize/test_fp16.py: max |logit
+    diff| < 0.05, top-1 >= 98 %; measured here 2.4e-4 to 4.2e-4). Greedy: fp32's continuations of 3 prompts x 16 tokens,
     teacher-forced through fp16: every token where fp16 picks otherwise is a near tie, fp32's margin between the
     two picks within twice that position's fp16 error (measured: 100 % identical on Llama and GPT-NeoX; on Qwen2
     one prompt's first token is a tie at 5e-5, 0.4496395 against 0.4495853, and fp16 takes the other)."""

@@ -1,5 +1,6 @@
 """A Llama dir (GQA, untied head, Metaspace tokenizer with byte fallback and a bos token) behind `gptedge serve` and
-behind Ray Serve replicas, as the GPT-2 dirs are (tests/serve/test_serve.py, tests/ray/test_ray_serve.py): completions, streamed
+behind Ray Serve replicas, as the GPT-2 dirs are (tests/serve/test_serve.py, tests/ray/test_ray_serve.py):
+completions, streamed
 or not, equal generate() on the prompt as the checkpoint's tokenizer makes it (bos first)."""
 
 from __future__ import annotations
