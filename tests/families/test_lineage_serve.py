@@ -93,7 +93,8 @@ def test_ray_replicas_answer_as_generate(llama_dir, solo, tmp_path):
     pytest.importorskip("ray.serve", reason="the [ray] extra is not installed")
     from gptedge.serve.ray_local import LocalCluster, NodeSpec, free_port
 
-    from ..support.ray_cluster import app_running, client, complete, config_from_yaml, deploy_config, wait_for
+    from ..support.ray_cluster import (app_running, client, complete, config_from_yaml, deploy_config, disconnect,
+                                       wait_for)
     from ..ray.test_ray_serve import CLUSTER_ENV, PINNED, SLOT
 
     cluster = LocalCluster([NodeSpec(1, {"head": 1, SLOT: 1}), NodeSpec(1, {"node2": 1, SLOT: 1})], env=CLUSTER_ENV)
@@ -111,7 +112,7 @@ def test_ray_replicas_answer_as_generate(llama_dir, solo, tmp_path):
 
         answers = asyncio.run(asyncio.wait_for(run(), 300))
     finally:
-        ray.shutdown()
+        disconnect()
         cluster.stop()
     assert_as_generate(solo, answers[:4])
     assert_as_generate(solo, answers[4:])

@@ -23,7 +23,7 @@ httpx = pytest.importorskip("httpx")
 from gptedge.serve.ray_local import LocalCluster, NodeSpec, free_port  # noqa: E402 - after the optional-dependency skips above
 
 from ..support.ray_cluster import (KEY, NAME, Answer, app_running, client, complete, config_from_yaml,  # noqa: E402 - after the optional-dependency skips above
-                          delete_app, deploy_config, replica_states, serve_run, wait_for)
+                          delete_app, deploy_config, disconnect, replica_states, serve_run, wait_for)
 
 pytestmark = pytest.mark.ray
 
@@ -67,7 +67,7 @@ def cluster():
         c.node_names = nodes
         yield c
     finally:
-        ray.shutdown()
+        disconnect()
         c.stop()
         assert not c.own_pids(), "Ray processes outlived the cluster"
 

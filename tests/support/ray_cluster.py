@@ -62,6 +62,17 @@ def wait_for(predicate, bound_s: float, what: str, pause: float = 0.5):
     raise AssertionError(f"{what}: not within {bound_s:g}s (last: {last!r})")
 
 
+def disconnect() -> None:
+    """Leave the cluster this process joined with ray.init, forgetting Serve's client too: Ray Serve caches its
+    controller's handle per process (ray.serve.context), and a later cluster in the same pytest process would
+    otherwise be asked through the dead one ("Can't find actor ...")."""
+    import ray
+    from ray.serve import context
+
+    context._set_global_client(None)
+    ray.shutdown()
+
+
 def replica_states(app: str) -> dict[str, int]:
     from ray import serve
 
