@@ -178,7 +178,7 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
     if rc.awq and not ln_linear_pairs(job.model, Initializers(job.model, job.model_dir)):
-        # RMSNorm written as plain ops (Llama-style families): no LayerNormalization to fold scales into. The
+        # RMSNorm written as plain ops (the graph has no LayerNormalization to fold scales into). The
         # manifest records the recipe as applied, so without awq
         log.warning("--awq: no LayerNormalization feeds a linear alone in this graph; quantizing without it")
         rc = replace(rc, awq=False)
