@@ -238,21 +238,11 @@ def test_quantized_kv_cache_on_grouped_query_attention(gqa_caches):
 def test_serve_pool_decodes_gqa_with_a_quantized_cache(gqa_caches, cache):
     """gptedge serve's pool (prefill into the scratch row, join, step) on the quantized GQA cache gives generate's
     greedy ids."""
-    from gptedge.runtime.graphs.sequence_pool import pool_for
+    from ..support.engine import pool_greedy
 
     model = gqa_caches[cache]
     want = model.generate_batch([PROMPTS[0]], 12, greedy=True, ignore_eos=True, with_text=False)[0].ids
-    pool = pool_for(model.variant, 2, 64)
-    prefill = pool.prefill(0, PROMPTS[0], None)
-    try:
-        while True:
-            next(prefill)
-    except StopIteration as done:
-        logits = done.value
-    got = [int(logits.argmax())]
-    for _ in range(11):
-        got.append(int(pool.step([0], np.array([got[-1]]))[0].argmax()))
-    assert got == want
+    assert pool_greedy(model, PROMPTS[0], 12) == want
 
 
 def test_awq_on_rmsnorm_is_recorded_as_not_applied(fp32_dirs, root, tmp_path):

@@ -24,6 +24,7 @@ from gptedge.runtime.graphs.sequence_pool import pool_for
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape
 
 from ..support.checkpoints import EXCERPT, ROOT, tiny_config, write_checkpoint
+from ..support.engine import pool_greedy
 
 pytestmark = pytest.mark.slow  # every cache type exported, quantized and generated over the whole context
 
@@ -121,17 +122,7 @@ def test_serve_pool_decodes_with_a_quantized_cache(loaded):
     for cache in ("int8", "int4"):
         model = loaded[cache]
         want = model.generate_batch([prompt], 12, greedy=True, ignore_eos=True, with_text=False)[0].ids
-        pool = pool_for(model.variant, 2, 64)
-        prefill = pool.prefill(0, prompt, None)
-        try:
-            while True:
-                next(prefill)
-        except StopIteration as done:
-            logits = done.value
-        got = [int(logits.argmax())]
-        for _ in range(11):
-            got.append(int(pool.step([0], np.array([got[-1]]))[0].argmax()))
-        assert got == want, cache
+        assert pool_greedy(model, prompt, 12) == want, cache
 
 
 def test_serve_pool_prefills_a_group_with_a_quantized_cache(loaded):

@@ -49,3 +49,17 @@ def staggered_requests(model, n):
         out.append(CompletionRequest(tuple(ids), max_new_tokens=8 + (i * 7) % 30, sampling=SETTINGS[i % 4],
                                      stop=(" the",) if i % 5 == 4 else ()))
     return out
+
+
+def pool_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy ids through the serving engine's sequence pool alone (prefill into its row, then step it): what
+    generate() gives for the same prompt, if the pool keeps the cache as generation does."""
+    import numpy as np
+
+    from gptedge.runtime.graphs.sequence_pool import drain, pool_for
+
+    pool = pool_for(model.variant, 2, 64)
+    got = [int(drain(pool.prefill(0, prompt, None)).argmax())]
+    for _ in range(new_tokens - 1):
+        got.append(int(pool.step([0], np.array([got[-1]]))[0].argmax()))
+    return got
