@@ -3,7 +3,10 @@
 The page (index.html + playground.js) ships in the package, in gptedge/playground/. Its JavaScript comes from npm
 into a folder the project controls: gptedge/playground/node_modules, installed by `npm ci --ignore-scripts` from the
 committed package.json + package-lock.json (scripts/setup.sh does it; versions pinned by the lock, nothing fetched
-from a CDN or at page load). `$GPTEDGE_WEB_MODULES` names another node_modules holding the same packages.
+from a CDN or at page load). `$GPTEDGE_WEB_MODULES` names another node_modules holding the same packages. An
+install without a source checkout (a wheel: it ships the page, package.json and the lock, never the JavaScript)
+runs `gptedge fetch-web` once: web_fetch.py downloads the tarballs the lock pins, checks their integrity and keeps
+what a browser needs in the user cache, where node_modules() finds it last.
 
 A browser needs only VENDOR_FILES from it (about 15 MB, most of it onnxruntime-web's WASM binary): `gptedge serve`
 serves them under /vendor/ and `gptedge pack --target web` copies them into the packed folder's playground/vendor/.
@@ -45,14 +48,35 @@ class WebDepsMissing(GptEdgeError):
 
 
 def node_modules() -> Path:
-    """The node_modules holding the playground's packages; WebDepsMissing (one line, with the fix) if absent."""
-    root = Path(os.environ.get("GPTEDGE_WEB_MODULES") or PLAYGROUND_DIR / "node_modules")
-    missing = [f for f in VENDOR_FILES if not (root / f).is_file()]
-    if missing:
-        raise WebDepsMissing(f"the playground's JavaScript is not installed ({root / missing[0]} is missing): run "
-                             f"`npm ci --ignore-scripts` in {PLAYGROUND_DIR} (scripts/setup.sh does) or set "
-                             "GPTEDGE_WEB_MODULES")
-    return root
+    """The node_modules holding the playground's packages: $GPTEDGE_WEB_MODULES when set, else the source
+    checkout's (npm ci), else the user cache `gptedge fetch-web` fills (a wheel install); WebDepsMissing (one line,
+    with the fix) when none has them."""
+    if os.environ.get("GPTEDGE_WEB_MODULES"):  # named explicitly: used or refused, never passed over
+        root = Path(os.environ["GPTEDGE_WEB_MODULES"])
+        missing = _missing(root)
+        if missing:
+            raise WebDepsMissing(f"GPTEDGE_WEB_MODULES={root}: {root / missing} is missing (it must be a "
+                                 "node_modules holding the playground's packages)")
+        return root
+    checkout = PLAYGROUND_DIR / "node_modules"
+    if not _missing(checkout):
+        return checkout
+    from .web_fetch import cached_node_modules  # web_fetch imports this module
+
+    cached = cached_node_modules()
+    if cached is not None and not _missing(cached):
+        return cached
+    if checkout.is_dir():  # a source checkout whose npm ci is incomplete or stale
+        raise WebDepsMissing(f"the playground's JavaScript is incomplete ({checkout / _missing(checkout)} is "
+                             f"missing): run `npm ci --ignore-scripts` in {PLAYGROUND_DIR}, or `gptedge fetch-web`")
+    raise WebDepsMissing("the playground's JavaScript is not installed: run `gptedge fetch-web` (downloads the "
+                         "pinned transformers.js and onnxruntime-web once into the user cache, about 15 MB kept), "
+                         "or set GPTEDGE_WEB_MODULES to a node_modules holding them")
+
+
+def _missing(root: Path) -> str | None:
+    """The first VENDOR_FILES entry absent from root, else None."""
+    return next((f for f in VENDOR_FILES if not (root / f).is_file()), None)
 
 
 def vendor_path(relative: str, root: Path | None = None) -> Path | None:

@@ -1,0 +1,198 @@
+"""`gptedge fetch-web`: the playground's JavaScript for an install without a source checkout (a wheel).
+
+The wheel ships the playground's package.json + package-lock.json, never the JavaScript. This fetches, once, the
+npm tarballs the lock pins for the packages a browser runs (js_deps.PACKAGES: transformers.js, onnxruntime-web and
+its onnxruntime-common), checks each against the lock's sha512 `integrity` before reading it, and keeps only what a
+browser needs (js_deps.VENDOR_FILES / VENDOR_DIRS, about 15 MB) plus each package's package.json and licence files,
+in the user cache:
+
+    $GPTEDGE_CACHE (else $XDG_CACHE_HOME/gptedge, else ~/.cache/gptedge) / web / <key> / node_modules / ...
+
+<key> names transformers.js' version and a digest of the three integrity strings, so a lock that pins other
+tarballs gets another folder. The folder is built in a `.tmp-*` sibling and renamed into place whole: a failed or
+interrupted fetch (bad integrity, a dropped connection, Ctrl-C) leaves nothing that js_deps would read.
+
+URLs are npm's: REGISTRY/<name>/-/<basename>-<version>.tgz; REGISTRY is https://registry.npmjs.org unless
+--registry / $GPTEDGE_NPM_REGISTRY names a mirror (the integrity check is the same either way).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptedge.runtime.errors import GptEdgeError
+
+from .js_deps import PACKAGES, PLAYGROUND_DIR, VENDOR_DIRS, VENDOR_FILES
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REGISTRY = "https://registry.npmjs.org"
+LOCK = PLAYGROUND_DIR / "package-lock.json"
+RECORD = "gptedge-web-deps.json"  # in the cache folder: what was fetched, from where, with which integrity
+MAX_TARBALL = 256 * 2**20  # onnxruntime-web's tarball is the largest (tens of MB); refuse a runaway response
+STALE_TMP_S = 3600  # a `.tmp-*` older than this was left by a killed fetch: removed by the next one
+# each package's licence as its tarball carries it (onnxruntime's packages state theirs in README.md + package.json)
+LICENCE = re.compile(r"(?i)^(licen[cs]e|notice|copying)(\.[a-z]+)?$|^readme\.md$")
+
+
+class WebFetchError(GptEdgeError):
+    """The playground's JavaScript could not be fetched (network, integrity, a lock without the package)."""
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One package the lock pins: where it sits in node_modules, its npm name, version and sha512 integrity."""
+
+    path: str  # relative to node_modules, e.g. onnxruntime-web/node_modules/onnxruntime-common
+    name: str
+    version: str
+    integrity: str  # "sha512-<base64>"
+
+    def url(self, registry: str) -> str:
+        return f"{registry.rstrip('/')}/{self.name}/-/{self.name.split('/')[-1]}-{self.version}.tgz"
+
+    def wanted(self, relative: str) -> bool:
+        """Whether a file of this package's tarball (path inside the package) is kept."""
+        full = f"{self.path}/{relative}"
+        if "/" not in relative and (LICENCE.match(relative) or relative == "package.json"):
+            return True
+        return full in VENDOR_FILES or any(full.startswith(d + "/") for d in VENDOR_DIRS)
+
+
+def pinned_packages(lock_path: Path = LOCK) -> list[Pinned]:
+    """The lock's entries for js_deps.PACKAGES; WebFetchError when one is missing or has no sha512 integrity."""
+    try:
+        entries = json.loads(lock_path.read_text(encoding="utf-8"))["packages"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WebFetchError(f"{lock_path}: not an npm package-lock.json with `packages` ({e})") from None
+    found = []
+    for path in PACKAGES:
+        entry = entries.get(f"node_modules/{path}")
+        integrity = [i for i in str((entry or {}).get("integrity", "")).split() if i.startswith("sha512-")]
+        if not entry or not entry.get("version") or not integrity:
+            raise WebFetchError(f"{lock_path}: no version and sha512 integrity for node_modules/{path}")
+        name = entry.get("name") or path.rsplit("node_modules/", 1)[-1]
+        found.append(Pinned(path, name, entry["version"], integrity[0]))
+    return found
+
+
+def cache_folder(pinned: list[Pinned]) -> Path:
+    """The cache folder for these pins (node_modules is inside it)."""
+    from gptedge.sample import cache_dir
+
+    digest = hashlib.sha256("\n".join(p.integrity for p in pinned).encode()).hexdigest()[:12]
+    return cache_dir() / "web" / f"transformers-{pinned[0].version}-{digest}"
+
+
+def cached_node_modules(lock_path: Path = LOCK) -> Path | None:
+    """The cache's node_modules for the shipped lock when a fetch completed it, else None."""
+    try:
+        folder = cache_folder(pinned_packages(lock_path))
+    except WebFetchError:
+        return None
+    return folder / "node_modules" if (folder / RECORD).is_file() else None
+
+
+def _download(pin: Pinned, registry: str, dest: Path) -> int:
+    """The tarball into dest, its sha512 checked against the lock -> bytes; WebFetchError otherwise."""
+    url = pin.url(registry)
+    digest, size = hashlib.sha512(), 0
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(dest, "wb") as f:
+            while chunk := response.read(1 << 20):
+                size += len(chunk)
+                if size > MAX_TARBALL:
+                    raise WebFetchError(f"{url}: larger than {MAX_TARBALL >> 20} MB; not the pinned tarball")
+                digest.update(chunk)
+                f.write(chunk)
+    except (urllib.error.URLError, OSError, ValueError) as e:  # HTTPError, timeouts, a dropped connection
+        raise WebFetchError(f"could not download {url}: {getattr(e, 'reason', None) or e}") from None
+    got = "sha512-" + base64.b64encode(digest.digest()).decode()
+    if got != pin.integrity:
+        raise WebFetchError(f"{url}: integrity mismatch (got {got[:27]}..., the lock pins {pin.integrity[:27]}...); "
+                            "nothing was kept")
+    return size
+
+
+def _extract(pin: Pinned, tarball: Path, node_modules: Path) -> int:
+    """The wanted regular files of the tarball (npm's first path component stripped) -> count written."""
+    written = 0
+    with tarfile.open(tarball, "r:gz") as tar:
+        for member in tar:
+            parts = member.name.split("/", 1)
+            if len(parts) < 2 or not member.isfile() or ".." in parts[1].split("/") or not pin.wanted(parts[1]):
+                continue
+            target = node_modules / pin.path / parts[1]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(member) as src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out)
+            written += 1
+    return written
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    for old in root.glob(".tmp-*"):
+        try:
+            if time.time() - old.stat().st_mtime > STALE_TMP_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def fetch_web_deps(registry: str = DEFAULT_REGISTRY, lock_path: Path = LOCK) -> dict:
+    """Fetch the pinned packages into the user cache (once) -> {"node_modules", "fetched" (bool), "downloaded"
+    (tarball bytes), "bytes" (kept), "versions"}."""
+    if not re.match(r"^https?://", registry):
+        raise WebFetchError(f"--registry {registry}: not an http(s) URL")
+    pinned = pinned_packages(lock_path)
+    folder = cache_folder(pinned)
+    versions = {p.name: p.version for p in pinned}
+    if (folder / RECORD).is_file():
+        return {"node_modules": folder / "node_modules", "fetched": False, "downloaded": 0,
+                "bytes": _size(folder / "node_modules"), "versions": versions}
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WebFetchError(f"cannot create {folder.parent} ({e.strerror}): set GPTEDGE_CACHE to a writable "
+                            "directory") from None
+    _remove_stale_tmp(folder.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
+    try:
+        downloaded = 0
+        for pin in pinned:
+            log.info("fetching %s", pin.url(registry))
+            downloaded += _download(pin, registry, tmp / "package.tgz")
+            _extract(pin, tmp / "package.tgz", tmp / "node_modules")
+            (tmp / "package.tgz").unlink()
+        missing = [f for f in VENDOR_FILES if not (tmp / "node_modules" / f).is_file()]
+        missing += [d for d in VENDOR_DIRS if not (tmp / "node_modules" / d).is_dir()]
+        if missing:
+            raise WebFetchError(f"the pinned tarballs lack {missing[0]}: not the packages the playground runs")
+        record = {"registry": registry, "packages": [vars(p) for p in pinned]}
+        (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not (folder / RECORD).is_file():  # not a concurrent fetch that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already after the rename
+    return {"node_modules": folder / "node_modules", "fetched": True, "downloaded": downloaded,
+            "bytes": _size(folder / "node_modules"), "versions": versions}
+
+
+def _size(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
