@@ -72,8 +72,10 @@ class Pinned:
         return full in VENDOR_FILES or any(full.startswith(d + "/") for d in VENDOR_DIRS)
 
 
-def pinned_packages(lock_path: Path = LOCK) -> list[Pinned]:
-    """The lock's entries for js_deps.PACKAGES; WebFetchError when one is missing or has no sha512 integrity."""
+def pinned_packages(lock_path: Path | None = None) -> list[Pinned]:
+    """The lock's (default: the shipped one) entries for js_deps.PACKAGES; WebFetchError when one is missing or has
+    no sha512 integrity."""
+    lock_path = lock_path or LOCK
     try:
         entries = json.loads(lock_path.read_text(encoding="utf-8"))["packages"]
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -97,7 +99,7 @@ def cache_folder(pinned: list[Pinned]) -> Path:
     return cache_dir() / "web" / f"transformers-{pinned[0].version}-{digest}"
 
 
-def cached_node_modules(lock_path: Path = LOCK) -> Path | None:
+def cached_node_modules(lock_path: Path | None = None) -> Path | None:
     """The cache's node_modules for the shipped lock when a fetch completed it, else None."""
     try:
         folder = cache_folder(pinned_packages(lock_path))
@@ -118,8 +120,11 @@ def _download(pin: Pinned, registry: str, dest: Path) -> int:
                     raise WebFetchError(f"{url}: larger than {MAX_TARBALL >> 20} MB; not the pinned tarball")
                 digest.update(chunk)
                 f.write(chunk)
+            expected = response.headers.get("Content-Length")
     except (urllib.error.URLError, OSError, ValueError) as e:  # HTTPError, timeouts, a dropped connection
         raise WebFetchError(f"could not download {url}: {getattr(e, 'reason', None) or e}") from None
+    if expected and expected.isdigit() and size != int(expected):  # http.client ends a read(n) early silently
+        raise WebFetchError(f"could not download {url}: the connection closed after {size} of {expected} bytes")
     got = "sha512-" + base64.b64encode(digest.digest()).decode()
     if got != pin.integrity:
         raise WebFetchError(f"{url}: integrity mismatch (got {got[:27]}..., the lock pins {pin.integrity[:27]}...); "
@@ -152,7 +157,7 @@ def _remove_stale_tmp(root: Path) -> None:
             pass
 
 
-def fetch_web_deps(registry: str = DEFAULT_REGISTRY, lock_path: Path = LOCK) -> dict:
+def fetch_web_deps(registry: str = DEFAULT_REGISTRY, lock_path: Path | None = None) -> dict:
     """Fetch the pinned packages into the user cache (once) -> {"node_modules", "fetched" (bool), "downloaded"
     (tarball bytes), "bytes" (kept), "versions"}."""
     if not re.match(r"^https?://", registry):
