@@ -14,12 +14,16 @@ serves them under /vendor/ and `gptedge pack --target web` copies them into the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from gptedge.runtime.errors import GptEdgeError
+from gptedge.sample import cache_dir
 
 PLAYGROUND_DIR = Path(__file__).resolve().parents[1] / "playground"
 PAGE_FILES = ("index.html", "playground.js")
@@ -41,10 +45,68 @@ VENDOR_FILES = (
 )
 VENDOR_DIRS = (f"{ORT_COMMON}/dist/esm",)  # ES modules importing one another: the whole folder
 PACKAGES = ("@huggingface/transformers", "onnxruntime-web", ORT_COMMON)
+LOCK = PLAYGROUND_DIR / "package-lock.json"
+RECORD = "gptedge-web-deps.json"  # in a fetched cache folder: what was fetched, from where, with which integrity
+# each package's licence as its tarball carries it (onnxruntime's packages state theirs in README.md + package.json)
+LICENCE = re.compile(r"(?i)^(licen[cs]e|notice|copying)(\.[a-z]+)?$|^readme\.md$")
 
 
 class WebDepsMissing(GptEdgeError):
     """The playground's npm packages are not installed."""
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One package the lock pins: where it sits in node_modules, its npm name, version and sha512 integrity."""
+
+    path: str  # relative to node_modules, e.g. onnxruntime-web/node_modules/onnxruntime-common
+    name: str
+    version: str
+    integrity: str  # "sha512-<base64>"
+
+    def url(self, registry: str) -> str:
+        return f"{registry.rstrip('/')}/{self.name}/-/{self.name.split('/')[-1]}-{self.version}.tgz"
+
+    def wanted(self, relative: str) -> bool:
+        """Whether a file of this package's tarball (path inside the package) is kept."""
+        full = f"{self.path}/{relative}"
+        if "/" not in relative and (LICENCE.match(relative) or relative == "package.json"):
+            return True
+        return full in VENDOR_FILES or any(full.startswith(d + "/") for d in VENDOR_DIRS)
+
+
+def pinned_packages(lock_path: Path | None = None) -> list[Pinned]:
+    """The lock's (default: the shipped one) entries for PACKAGES; WebDepsMissing when one is missing or has
+    no sha512 integrity."""
+    lock_path = lock_path or LOCK
+    try:
+        entries = json.loads(lock_path.read_text(encoding="utf-8"))["packages"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WebDepsMissing(f"{lock_path}: not an npm package-lock.json with `packages` ({e})") from None
+    found = []
+    for path in PACKAGES:
+        entry = entries.get(f"node_modules/{path}")
+        integrity = [i for i in str((entry or {}).get("integrity", "")).split() if i.startswith("sha512-")]
+        if not entry or not entry.get("version") or not integrity:
+            raise WebDepsMissing(f"{lock_path}: no version and sha512 integrity for node_modules/{path}")
+        name = entry.get("name") or path.rsplit("node_modules/", 1)[-1]
+        found.append(Pinned(path, name, entry["version"], integrity[0]))
+    return found
+
+
+def cache_folder(pinned: list[Pinned]) -> Path:
+    """The cache folder for these pins (node_modules is inside it)."""
+    digest = hashlib.sha256("\n".join(p.integrity for p in pinned).encode()).hexdigest()[:12]
+    return cache_dir() / "web" / f"transformers-{pinned[0].version}-{digest}"
+
+
+def cached_node_modules(lock_path: Path | None = None) -> Path | None:
+    """The cache's node_modules for the shipped lock when a fetch completed it, else None."""
+    try:
+        folder = cache_folder(pinned_packages(lock_path))
+    except WebDepsMissing:
+        return None
+    return folder / "node_modules" if (folder / RECORD).is_file() else None
 
 
 def node_modules() -> Path:
@@ -61,8 +123,6 @@ def node_modules() -> Path:
     checkout = PLAYGROUND_DIR / "node_modules"
     if not _missing(checkout):
         return checkout
-    from .web_fetch import cached_node_modules  # web_fetch imports this module
-
     cached = cached_node_modules()
     if cached is not None and not _missing(cached):
         return cached

@@ -30,82 +30,21 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 from gptedge.runtime.errors import GptEdgeError
 
-from .js_deps import PACKAGES, PLAYGROUND_DIR, VENDOR_DIRS, VENDOR_FILES
+from .js_deps import RECORD, VENDOR_DIRS, VENDOR_FILES, Pinned, cache_folder, pinned_packages
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REGISTRY = "https://registry.npmjs.org"
-LOCK = PLAYGROUND_DIR / "package-lock.json"
-RECORD = "gptedge-web-deps.json"  # in the cache folder: what was fetched, from where, with which integrity
 MAX_TARBALL = 256 * 2**20  # onnxruntime-web's tarball is the largest (tens of MB); refuse a runaway response
 STALE_TMP_S = 3600  # a `.tmp-*` older than this was left by a killed fetch: removed by the next one
-# each package's licence as its tarball carries it (onnxruntime's packages state theirs in README.md + package.json)
-LICENCE = re.compile(r"(?i)^(licen[cs]e|notice|copying)(\.[a-z]+)?$|^readme\.md$")
 
 
 class WebFetchError(GptEdgeError):
     """The playground's JavaScript could not be fetched (network, integrity, a lock without the package)."""
-
-
-@dataclass(frozen=True)
-class Pinned:
-    """One package the lock pins: where it sits in node_modules, its npm name, version and sha512 integrity."""
-
-    path: str  # relative to node_modules, e.g. onnxruntime-web/node_modules/onnxruntime-common
-    name: str
-    version: str
-    integrity: str  # "sha512-<base64>"
-
-    def url(self, registry: str) -> str:
-        return f"{registry.rstrip('/')}/{self.name}/-/{self.name.split('/')[-1]}-{self.version}.tgz"
-
-    def wanted(self, relative: str) -> bool:
-        """Whether a file of this package's tarball (path inside the package) is kept."""
-        full = f"{self.path}/{relative}"
-        if "/" not in relative and (LICENCE.match(relative) or relative == "package.json"):
-            return True
-        return full in VENDOR_FILES or any(full.startswith(d + "/") for d in VENDOR_DIRS)
-
-
-def pinned_packages(lock_path: Path | None = None) -> list[Pinned]:
-    """The lock's (default: the shipped one) entries for js_deps.PACKAGES; WebFetchError when one is missing or has
-    no sha512 integrity."""
-    lock_path = lock_path or LOCK
-    try:
-        entries = json.loads(lock_path.read_text(encoding="utf-8"))["packages"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise WebFetchError(f"{lock_path}: not an npm package-lock.json with `packages` ({e})") from None
-    found = []
-    for path in PACKAGES:
-        entry = entries.get(f"node_modules/{path}")
-        integrity = [i for i in str((entry or {}).get("integrity", "")).split() if i.startswith("sha512-")]
-        if not entry or not entry.get("version") or not integrity:
-            raise WebFetchError(f"{lock_path}: no version and sha512 integrity for node_modules/{path}")
-        name = entry.get("name") or path.rsplit("node_modules/", 1)[-1]
-        found.append(Pinned(path, name, entry["version"], integrity[0]))
-    return found
-
-
-def cache_folder(pinned: list[Pinned]) -> Path:
-    """The cache folder for these pins (node_modules is inside it)."""
-    from gptedge.sample import cache_dir
-
-    digest = hashlib.sha256("\n".join(p.integrity for p in pinned).encode()).hexdigest()[:12]
-    return cache_dir() / "web" / f"transformers-{pinned[0].version}-{digest}"
-
-
-def cached_node_modules(lock_path: Path | None = None) -> Path | None:
-    """The cache's node_modules for the shipped lock when a fetch completed it, else None."""
-    try:
-        folder = cache_folder(pinned_packages(lock_path))
-    except WebFetchError:
-        return None
-    return folder / "node_modules" if (folder / RECORD).is_file() else None
 
 
 def _download(pin: Pinned, registry: str, dest: Path) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from gptedge.pack.web_fetch import Pinned
+from gptedge.pack.js_deps import Pinned
 
 
 def integrity(data: bytes) -> str:

@@ -41,7 +41,7 @@ def made_up(tmp_path, monkeypatch):
                 json.dumps({"name": name, "version": entry["version"], "license": "MIT"}))
     lock, routes = registry_for(modules, LOCK, keep_all=True)
     (tmp_path / "package-lock.json").write_text(json.dumps(lock))
-    monkeypatch.setattr(web_fetch, "LOCK", tmp_path / "package-lock.json")
+    monkeypatch.setattr(js_deps, "LOCK", tmp_path / "package-lock.json")
     monkeypatch.setattr(js_deps, "PLAYGROUND_DIR", tmp_path / "installed")  # a wheel: no node_modules beside
     monkeypatch.setenv("GPTEDGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("GPTEDGE_WEB_MODULES", raising=False)
@@ -65,7 +65,7 @@ def test_fetch_keeps_what_a_browser_needs_and_js_deps_finds_it(made_up):
             assert (found / name).read_bytes() == (modules / name).read_bytes(), name
         assert js_deps.versions(found) == {"@huggingface/transformers": "4.3.1", "onnxruntime-web": "1.31.0",
                                            "onnxruntime-common": "1.31.0"}
-        record = json.loads((found.parent / web_fetch.RECORD).read_text())
+        record = json.loads((found.parent / js_deps.RECORD).read_text())
         assert record["registry"] == url and [p["path"] for p in record["packages"]] == packages
         again = fetch_web_deps(url)  # once: a second run downloads nothing
         assert not again["fetched"] and again["downloaded"] == 0 and again["node_modules"] == found
@@ -118,12 +118,12 @@ def test_a_failed_fetch_leaves_nothing(made_up, monkeypatch, failure):
 
 
 def test_lock_without_the_package_is_one_line(made_up, tmp_path):
-    lock = json.loads(web_fetch.LOCK.read_text())
+    lock = json.loads(js_deps.LOCK.read_text())
     del lock["packages"]["node_modules/onnxruntime-web"]["integrity"]
-    web_fetch.LOCK.write_text(json.dumps(lock))
-    with pytest.raises(WebFetchError, match="no version and sha512 integrity for node_modules/onnxruntime-web$"):
+    js_deps.LOCK.write_text(json.dumps(lock))
+    with pytest.raises(WebDepsMissing, match="no version and sha512 integrity for node_modules/onnxruntime-web$"):
         fetch_web_deps("http://127.0.0.1:9")
-    assert web_fetch.cached_node_modules() is None
+    assert js_deps.cached_node_modules() is None
 
 
 def test_fetch_web_command(made_up, runner, monkeypatch):
