@@ -6,6 +6,8 @@ test_wheel_install.py."""
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -115,6 +117,20 @@ def test_a_failed_fetch_leaves_nothing(made_up, monkeypatch, failure):
     assert list(cache.iterdir()) == []
     with pytest.raises(WebDepsMissing, match="gptedge fetch-web"):
         js_deps.node_modules()
+
+
+def test_a_killed_fetchs_leftovers_go_with_the_next_fetch(made_up):
+    """SIGKILL skips the cleanup: its `.tmp-*` folder (never read by js_deps) is removed by the next fetch once it is
+    an hour old; a younger one may be a fetch still running, and stays."""
+    _, routes, cache = made_up
+    old, young = cache / ".tmp-killed", cache / ".tmp-running"
+    for folder in (old, young):
+        (folder / "node_modules").mkdir(parents=True)
+    hours_ago = time.time() - web_fetch.STALE_TMP_S - 60
+    os.utime(old, (hours_ago, hours_ago))
+    with serve_registry(routes) as url:
+        found = fetch_web_deps(url)["node_modules"]
+    assert sorted(p.name for p in cache.iterdir()) == sorted([found.parent.name, young.name])
 
 
 def test_lock_without_the_package_is_one_line(made_up, tmp_path):
