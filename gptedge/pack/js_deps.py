@@ -115,26 +115,27 @@ def node_modules() -> Path:
     with the fix) when none has them."""
     if os.environ.get("GPTEDGE_WEB_MODULES"):  # named explicitly: used or refused, never passed over
         root = Path(os.environ["GPTEDGE_WEB_MODULES"])
-        missing = _missing(root)
+        missing = missing_vendor_file(root)
         if missing:
             raise WebDepsMissing(f"GPTEDGE_WEB_MODULES={root}: {root / missing} is missing (it must be a "
                                  "node_modules holding the playground's packages)")
         return root
     checkout = PLAYGROUND_DIR / "node_modules"
-    if not _missing(checkout):
+    if not missing_vendor_file(checkout):
         return checkout
     cached = cached_node_modules()
-    if cached is not None and not _missing(cached):
+    if cached is not None and not missing_vendor_file(cached):
         return cached
     if checkout.is_dir():  # a source checkout whose npm ci is incomplete or stale
-        raise WebDepsMissing(f"the playground's JavaScript is incomplete ({checkout / _missing(checkout)} is "
-                             f"missing): run `npm ci --ignore-scripts` in {PLAYGROUND_DIR}, or `gptedge fetch-web`")
+        absent = checkout / missing_vendor_file(checkout)
+        raise WebDepsMissing(f"the playground's JavaScript is incomplete ({absent} is missing): run "
+                             f"`npm ci --ignore-scripts` in {PLAYGROUND_DIR}, or `gptedge fetch-web`")
     raise WebDepsMissing("the playground's JavaScript is not installed: run `gptedge fetch-web` (downloads the "
                          "pinned transformers.js and onnxruntime-web once into the user cache, about 15 MB kept), "
                          "or set GPTEDGE_WEB_MODULES to a node_modules holding them")
 
 
-def _missing(root: Path) -> str | None:
+def missing_vendor_file(root: Path) -> str | None:
     """The first VENDOR_FILES entry absent from root, else None."""
     return next((f for f in VENDOR_FILES if not (root / f).is_file()), None)
 

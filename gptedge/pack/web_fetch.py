@@ -34,7 +34,7 @@ from pathlib import Path
 
 from gptedge.runtime.errors import GptEdgeError
 
-from .js_deps import RECORD, VENDOR_DIRS, VENDOR_FILES, Pinned, cache_folder, pinned_packages
+from .js_deps import RECORD, VENDOR_DIRS, Pinned, cache_folder, missing_vendor_file, pinned_packages
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def fetch_web_deps(registry: str = DEFAULT_REGISTRY, lock_path: Path | None = No
     pinned = pinned_packages(lock_path)
     folder = cache_folder(pinned)
     versions = {p.name: p.version for p in pinned}
-    if (folder / RECORD).is_file():
+    if (folder / RECORD).is_file() and missing_vendor_file(folder / "node_modules") is None:
         return {"node_modules": folder / "node_modules", "fetched": False, "downloaded": 0,
                 "bytes": _size(folder / "node_modules"), "versions": versions}
     try:
@@ -113,6 +113,10 @@ def fetch_web_deps(registry: str = DEFAULT_REGISTRY, lock_path: Path | None = No
         raise WebFetchError(f"cannot create {folder.parent} ({e.strerror}): set GPTEDGE_CACHE to a writable "
                             "directory") from None
     _remove_stale_tmp(folder.parent)
+    if folder.exists():  # a file deleted since it was fetched: fetched again, whole
+        damaged = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent)) / "damaged"
+        os.rename(folder, damaged)
+        shutil.rmtree(damaged.parent, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
     try:
         downloaded = 0
@@ -121,10 +125,10 @@ def fetch_web_deps(registry: str = DEFAULT_REGISTRY, lock_path: Path | None = No
             downloaded += _download(pin, registry, tmp / "package.tgz")
             _extract(pin, tmp / "package.tgz", tmp / "node_modules")
             (tmp / "package.tgz").unlink()
-        missing = [f for f in VENDOR_FILES if not (tmp / "node_modules" / f).is_file()]
-        missing += [d for d in VENDOR_DIRS if not (tmp / "node_modules" / d).is_dir()]
+        missing = missing_vendor_file(tmp / "node_modules") or next(
+            (d for d in VENDOR_DIRS if not (tmp / "node_modules" / d).is_dir()), None)
         if missing:
-            raise WebFetchError(f"the pinned tarballs lack {missing[0]}: not the packages the playground runs")
+            raise WebFetchError(f"the pinned tarballs lack {missing}: not the packages the playground runs")
         record = {"registry": registry, "packages": [vars(p) for p in pinned]}
         (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         try:

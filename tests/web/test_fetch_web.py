@@ -71,6 +71,11 @@ def test_fetch_keeps_what_a_browser_needs_and_js_deps_finds_it(made_up):
         assert record["registry"] == url and [p["path"] for p in record["packages"]] == packages
         again = fetch_web_deps(url)  # once: a second run downloads nothing
         assert not again["fetched"] and again["downloaded"] == 0 and again["node_modules"] == found
+        (found / VENDOR_FILES[0]).unlink()  # damaged since: js_deps passes it over, the next fetch replaces it
+        with pytest.raises(WebDepsMissing, match="run `gptedge fetch-web`"):
+            js_deps.node_modules()
+        assert fetch_web_deps(url)["fetched"] and js_deps.node_modules() == found
+        assert (found / VENDOR_FILES[0]).read_bytes() == (modules / VENDOR_FILES[0]).read_bytes()
     assert [p.name for p in cache.iterdir()] == [found.parent.name]  # no temporary folder left
 
 

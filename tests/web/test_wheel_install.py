@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gptedge.pack.js_deps import PLAYGROUND_DIR, VENDOR_DIRS, VENDOR_FILES, _missing
+from gptedge.pack.js_deps import PLAYGROUND_DIR, VENDOR_DIRS, VENDOR_FILES, missing_vendor_file
 
 from ..support.checkpoints import ROOT
 from ..support.npm_registry import registry_for, serve_registry
@@ -42,7 +42,7 @@ def wheel_venv(tmp_path_factory):
     """-> (the venv's bin folder, registry routes): the source (its lock pinning tarballs made from the checkout's
     node_modules) built as a wheel and installed, without dependencies, into a fresh venv."""
     checkout_modules = PLAYGROUND_DIR / "node_modules"
-    if _missing(checkout_modules):
+    if missing_vendor_file(checkout_modules):
         pytest.skip("the playground's node_modules is not installed (scripts/setup.sh runs npm ci)")
     try:  # pyproject's build-system; built here without isolation, so from this environment, offline
         setuptools_major = int(version("setuptools").split(".")[0])
