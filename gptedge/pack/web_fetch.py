@@ -39,12 +39,12 @@ from .js_deps import RECORD, VENDOR_DIRS, Pinned, cache_folder, missing_vendor_f
 log = logging.getLogger(__name__)
 
 DEFAULT_REGISTRY = "https://registry.npmjs.org"
-MAX_TARBALL = 256 * 2**20  # onnxruntime-web's tarball is the largest (tens of MB); refuse a runaway response
+MAX_TARBALL = 256 * 2**20  # onnxruntime-web 1.31's tarball is the largest (33 MB); refuse a runaway response
 STALE_TMP_S = 3600  # a `.tmp-*` older than this was left by a killed fetch: removed by the next one
 
 
 class WebFetchError(GptEdgeError):
-    """The playground's JavaScript could not be fetched (network, integrity, a lock without the package)."""
+    """The playground's JavaScript could not be fetched (the network, a tarball that is not the pinned one)."""
 
 
 def _download(pin: Pinned, registry: str, dest: Path) -> int:
