@@ -161,3 +161,17 @@ def test_fetch_web_command(made_up, runner, monkeypatch):
         assert again.exit_code == 0 and again.stderr.startswith("already fetched: ")
     bad = runner.invoke(main, ["fetch-web", "--registry", "file:///etc"])
     assert bad.exit_code == 2 and "not an http(s) URL" in bad.output
+
+
+def test_the_shipped_lock_pins_what_the_checkout_installed():
+    """The real lock: three sha512 pins at npm's URLs (as npm itself fetched them), and, where `npm ci` ran, the
+    versions node_modules holds."""
+    pinned = js_deps.pinned_packages()
+    assert [p.url(web_fetch.DEFAULT_REGISTRY) for p in pinned][:2] == [
+        "https://registry.npmjs.org/@huggingface/transformers/-/transformers-4.3.1.tgz",
+        f"https://registry.npmjs.org/onnxruntime-web/-/onnxruntime-web-{pinned[1].version}.tgz"]
+    assert pinned[2].path == js_deps.ORT_COMMON and pinned[2].name == "onnxruntime-common"
+    assert all(p.integrity.startswith("sha512-") and len(p.integrity) == 95 for p in pinned)
+    checkout = js_deps.PLAYGROUND_DIR / "node_modules"
+    if js_deps.missing_vendor_file(checkout) is None:
+        assert js_deps.versions(checkout) == {p.name: p.version for p in pinned}
