@@ -12,6 +12,7 @@ from . import classify  # noqa: F401 - imported to register its command
 from . import compare  # noqa: F401 - imported to register its command
 from . import evaluate  # noqa: F401 - imported to register its command
 from . import export  # noqa: F401 - imported to register its command
+from . import fetch_web  # noqa: F401 - imported to register its command
 from . import generate  # noqa: F401 - imported to register its command
 from . import info  # noqa: F401 - imported to register its command
 from . import pack  # noqa: F401 - imported to register its command

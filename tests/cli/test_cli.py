@@ -317,7 +317,8 @@ OPTION_TESTS = ["tests/cli/test_cli.py", "tests/measure/test_eval_compare.py", "
                 "tests/modeldir/test_model_integrity.py", "tests/families/test_classify_cli.py",
                 "tests/measure/test_classify_compare.py", "tests/quantize/test_int4_mixed.py",
                 "tests/serve/test_serve_chat.py", "tests/quantize/test_quantizers.py",
-                "tests/quantize/test_recipe_search.py", "tests/serve/test_prefix_reuse.py"]
+                "tests/quantize/test_recipe_search.py", "tests/serve/test_prefix_reuse.py",
+                "tests/web/test_fetch_web.py"]
 
 
 def test_every_option_is_tested():
