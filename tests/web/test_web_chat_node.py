@@ -69,7 +69,17 @@ def test_transformers_js_renders_the_chat_as_the_server_does(sample_recipe_dirs,
         assert got["replies"][i] == model.generate(ids, max_new_tokens=NEW_TOKENS, greedy=True).ids, conversation
 
 
-def test_a_pack_without_a_template_says_so(sample_recipe_dirs, tmp_path):
+def test_the_dirs_own_template_or_none(sample_recipe_dirs, tmp_path):
+    """A source's chat_template.jinja (export's copy of the checkpoint's) reaches the pack; without one the pack
+    says it has none (the page then greys the chat out)."""
+    import shutil
+
     assert find_chat_template(sample_recipe_dirs["fp32"]) is None
-    assert write_web_model([sample_recipe_dirs["fp32"]], tmp_path)["chat_template"] is False
-    assert "chat_template" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "none").mkdir()
+    assert write_web_model([sample_recipe_dirs["fp32"]], tmp_path / "none")["chat_template"] is False
+    assert "chat_template" not in json.loads((tmp_path / "none" / "tokenizer_config.json").read_text())
+    source = shutil.copytree(sample_recipe_dirs["fp32"], tmp_path / "with")
+    (source / "chat_template.jinja").write_text(CHATML)
+    (tmp_path / "own").mkdir()
+    assert write_web_model([source], tmp_path / "own")["chat_template"] is True
+    assert json.loads((tmp_path / "own" / "tokenizer_config.json").read_text())["chat_template"] == CHATML
