@@ -27,7 +27,7 @@ import click
 
 from gptedge import runtime
 from gptedge.runtime.generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB  # plain Python: light
-from gptedge.runtime.modeldir.chat_template import ChatTemplateError, render_chat
+from gptedge.runtime.modeldir.chat_template import ChatTemplateError, find_chat_template, render_chat
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
 from gptedge.runtime.serving.classify_batcher import ClassifyBatcher  # threading only: light at --help
 from gptedge.sample import sample_model_dir
@@ -125,8 +125,9 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
     if max_tokens_limit is not None and max_tokens_limit > context:
         raise click.BadParameter(f"{max_tokens_limit} is not in the range 1<=x<={context} (the model's context)",
                                  param_hint="'--max-tokens-limit'")
-    with page.web_model(Path(model), loaded.manifest, web) as (web_dir, unavailable):  # a temporary pack: removed after
-        routes = page.playground_routes(page.Playground(name, bool(api_key), web_dir, unavailable))
+    chat = template if template is not None else find_chat_template(model)  # what /v1/chat/completions renders
+    with page.web_model(Path(model), loaded.manifest, web, chat) as (web_dir, unavailable):  # a temporary pack
+        routes = page.playground_routes(page.Playground(name, bool(api_key), web_dir, unavailable, chat is not None))
         _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, prefix_cache_mb, max_queue,
              max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable, limits, template)
 

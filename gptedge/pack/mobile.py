@@ -15,6 +15,8 @@ decoder filename name it, so `gptedge generate OUT` and ONNX Runtime GenAI run t
     required_operators_and_types.config        for a reduced-operator ONNX Runtime build
     gptedge.json genai_config.json config.json generation_config.json tokenizer.json tokenizer_config.json
     gptedge-pack.json                          what was packed, with the converter's version and settings
+    gptedge-selftest.json                      the golden self-test: the Python runtime's greedy ids and top logits
+                                               on a few prompts, for the app to replay on the phone (selftest.py)
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from gptedge.runtime.checks.pipeline import check_model_dir
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, write_json, write_manifest
 from gptedge.runtime.modeldir.onnx_wire import is_ort_format
 from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
+from gptedge.runtime.modeldir.web_ready import recipe_dtype
 
+from .selftest import graph_entry, write_selftest
 from .web import PACK_FORMAT, PACK_MANIFEST
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,8 @@ def write_mobile_model(source: Path, dest: Path, platform: str = "arm") -> dict:
             "model": ORT_MODEL, "bytes": (dest / ORT_MODEL).stat().st_size, "operators_config": OPS_CONFIG,
             "operators": _operators(dest / OPS_CONFIG), "source": str(source.resolve()),
             "source_manifest": MANIFEST_NAME}
+    write_selftest(dest, [graph_entry(source, manifest, recipe_dtype(manifest)[0] or "fp32", ORT_MODEL,
+                                     "mobile")])
     write_json(dest / PACK_MANIFEST, pack)
     return pack
 

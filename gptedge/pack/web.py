@@ -6,11 +6,14 @@ Layout (transformers.js' own, as on the Hugging Face Hub; one graph per dtype, s
     generation_config.json       eos / bos / pad ids
     tokenizer.json               byte-level BPE
     tokenizer_config.json        the source's, with clean_up_tokenization_spaces false: gptedge's text never drops
-                                 spaces before punctuation, and transformers.js would by default
+                                 spaces before punctuation, and transformers.js would by default; and the chat
+                                 template (chat_template.jinja's) as chat_template, for apply_chat_template
     onnx/model{suffix}.onnx      one per source dir: model.onnx (fp32), model_quantized.onnx (q8), model_int8.onnx,
                                  model_uint8.onnx, model_q4.onnx
     onnx/model{suffix}.onnx_data the weights, where the source keeps them outside the graph (> 64 MB)
     gptedge-pack.json            what was packed: each graph's dtype, recipe, bytes, sha256 and source manifest
+    gptedge-selftest.json        each graph's golden self-test: the Python runtime's greedy ids and top logits on a
+                                 few prompts, which the playground replays on the device (pack/selftest.py)
 
 The graphs are the sources' graphs unchanged (byte for byte when their weights are inline); only the external data
 file is renamed to transformers.js' `<graph>_data` convention, and the graph's references to it with it.
@@ -32,10 +35,13 @@ from gptedge.onnx_files import external_data_path
 from gptedge.runtime.errors import GptEdgeError
 from gptedge.runtime.modeldir.genai_config import GENERATION_CONFIG, TOKENIZER_CONFIG
 from gptedge.runtime.checks.pipeline import check_model_dir
+from gptedge.runtime.modeldir.chat_template import find_chat_template
 from gptedge.runtime.modeldir.manifest import Manifest, Source, write_json
 from gptedge.runtime.modeldir.onnx_wire import is_ort_format
 from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 from gptedge.runtime.modeldir.web_ready import WASM_CONTRIB_OPS, recipe_dtype, web_readiness
+
+from .selftest import graph_entry, write_selftest
 
 PACK_FORMAT = 1
 CONTRIB_DOMAIN = "com.microsoft"
@@ -146,9 +152,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_web_model(sources: list[Path], dest: Path) -> dict:
+def write_web_model(sources: list[Path], dest: Path, chat_template: str | None = None) -> dict:
     """The transformers.js folder for `sources` (gptedge model dirs) into the existing empty dir `dest`;
-    -> the pack manifest written to dest/gptedge-pack.json."""
+    -> the pack manifest written to dest/gptedge-pack.json. The chat template (`chat_template`, else the first
+    source's) goes into tokenizer_config.json, where transformers.js' apply_chat_template reads it."""
     graphs = plan([Path(s) for s in sources])
     first = graphs[0].source
     entries = [write_graph(g, dest) for g in graphs]
@@ -164,8 +171,12 @@ def write_web_model(sources: list[Path], dest: Path) -> dict:
         shutil.copyfile(first / name, dest / name)
     tokenizer_config = json.loads(_read(first / TOKENIZER_CONFIG)) if (first / TOKENIZER_CONFIG).is_file() else {}
     tokenizer_config["clean_up_tokenization_spaces"] = False  # gptedge's decode never cleans up
+    template = chat_template or find_chat_template(first)
+    if template is not None:
+        tokenizer_config["chat_template"] = template
     write_json(dest / TOKENIZER_CONFIG, tokenizer_config)
     pack = {"format": PACK_FORMAT, "target": "web", "gptedge_version": __version__, "recommended": recommended,
-            "models": entries}
+            "chat_template": template is not None, "models": entries}
+    write_selftest(dest, [graph_entry(g.source, g.manifest, g.dtype, g.file_name, "web") for g in graphs])
     write_json(dest / PACK_MANIFEST, pack)
     return pack

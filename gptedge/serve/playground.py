@@ -3,8 +3,9 @@
 Routes (no API key: the page is public like /health; the completions it calls stay behind --api-key):
 
     /                   index.html           /playground.js      its one JS module
-    /playground.json    what the page offers: "on the server" (this server's model and /v1/completions) and
-                        "in this browser" (web-model/, or why not)
+    /playground.json    what the page offers: "on the server" (this server's model, /v1/completions, and
+                        /v1/chat/completions when the model has a chat template) and "in this browser" (web-model/,
+                        or why not)
     /vendor/<path>      transformers.js and onnxruntime-web's WASM, from the playground's node_modules (only the
                         files js_deps.VENDOR_FILES names)
     /web-model/<path>   the packed model (`gptedge pack --target web` layout): `serve --web DIR` names one, or the
@@ -52,19 +53,26 @@ class Playground:
     api_key_required: bool
     web_dir: Path | None  # the packed folder the browser fetches, or None
     unavailable: str | None = None  # why the browser mode is off
+    chat: bool = False  # the served model has a chat template: the page offers a chat (/v1/chat/completions)
 
     def settings(self) -> dict:
         server = {"model": self.model_name, "completions": "/v1/completions",
                   "api_key_required": self.api_key_required}
+        if self.chat:
+            server["chat"] = "/v1/chat/completions"
+        else:
+            server["chat_unavailable"] = (f"{self.model_name} has no chat template (serve --chat-template FILE gives "
+                                          "it one)")
         return page_settings(WEB_MODEL_URL if self.web_dir else None, server, self.unavailable)
 
 
 @contextlib.contextmanager
-def web_model(model_dir: Path, manifest: Manifest, web: str) -> Iterator[tuple[Path | None, str | None]]:
+def web_model(model_dir: Path, manifest: Manifest, web: str,
+              chat_template: str | None = None) -> Iterator[tuple[Path | None, str | None]]:
     """The packed folder the browser mode serves -> (folder, None) or (None, why not).
 
-    `web`: "off", "auto" (pack MODEL into a temporary folder, removed on exit, when it is web-ready), or a folder
-    `gptedge pack --target web` wrote."""
+    `web`: "off", "auto" (pack MODEL into a temporary folder, removed on exit, when it is web-ready, with
+    `chat_template` (serve --chat-template) when given), or a folder `gptedge pack --target web` wrote."""
     if web == "off":
         yield None, "turned off (serve --web off)"
         return
@@ -89,7 +97,7 @@ def web_model(model_dir: Path, manifest: Manifest, web: str) -> Iterator[tuple[P
         return
     folder = Path(tempfile.mkdtemp(prefix="gptedge-web-"))
     try:
-        write_web_model([model_dir], folder)
+        write_web_model([model_dir], folder, chat_template)
         yield folder, None
     finally:
         shutil.rmtree(folder, ignore_errors=True)

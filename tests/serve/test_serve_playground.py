@@ -36,7 +36,8 @@ def test_page_and_settings(sample_recipe_dirs):
         assert c.get("/playground.js").headers["content-type"].startswith("text/javascript")
         assert c.get("/playground.json").json() == {
             "title": "gptedge playground", "browser": {"model": "web-model/"},
-            "server": {"model": "tiny", "completions": "/v1/completions", "api_key_required": True}}
+            "server": {"model": "tiny", "completions": "/v1/completions", "api_key_required": True,
+                       "chat_unavailable": "tiny has no chat template (serve --chat-template FILE gives it one)"}}
         wasm = c.get("/vendor/onnxruntime-web/dist/ort-wasm-simd-threaded.wasm")
         assert wasm.status_code == 200 and wasm.headers["content-type"] == "application/wasm"
         assert c.get("/web-model/onnx/model.onnx").content == (fp32 / "model.onnx").read_bytes()
@@ -58,6 +59,8 @@ def test_browser_mode_off_or_not_web_ready(sample_recipe_dirs, gpt2_kv_buffer_lo
     settings = client(Playground("m", False, None, "why not")).get("/playground.json").json()
     assert settings["browser"] == {"unavailable": "why not"} and settings["server"]["api_key_required"] is False
     assert client(Playground("m", False, None, "x")).get("/web-model/config.json").status_code == 404
+    chat = client(Playground("m", False, None, "x", chat=True)).get("/playground.json").json()["server"]
+    assert chat["chat"] == "/v1/chat/completions" and "chat_unavailable" not in chat
 
 
 @pytest.mark.slow  # a real server, then the command's refusal in a subprocess

@@ -39,6 +39,11 @@ def test_ort_format_and_operators_config(mobile):
     assert quantized.split(":")[1] in config
     assert json.loads((out / "genai_config.json").read_text())["model"]["decoder"]["filename"] == "model.ort"
     assert json.loads((out / "gptedge.json").read_text())["model_file"] == "model.ort"
+    # the golden self-test, for the app to replay: a phone's kernels quantize activations as the Python runtime's do
+    golden = json.loads((out / "gptedge-selftest.json").read_text())["graphs"]
+    assert [(g["file"], g["tolerance"], "caveat" in g) for g in golden] == [("model.ort", 0.06, False)]
+    case = golden[0]["cases"][0]
+    assert case["ids"] == load(out, device="cpu").generate(case["prompt"], max_new_tokens=8, greedy=True).ids
 
 
 def test_onnxruntime_runs_the_ort_model_with_identical_greedy_ids(mobile):

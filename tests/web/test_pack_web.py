@@ -13,6 +13,7 @@ import onnx
 import pytest
 
 from gptedge.pack.web import WebPackError, write_web_model
+from gptedge.runtime import load
 from gptedge.runtime.modeldir.manifest import read_manifest, write_manifest
 from gptedge.runtime.modeldir.web_ready import web_readiness
 
@@ -50,6 +51,23 @@ def test_layout_is_transformers_js(packed, sample_recipe_dirs):
     for name in ("generation_config.json", "tokenizer.json"):
         assert (packed / name).read_bytes() == (sample_recipe_dirs["fp32"] / name).read_bytes()
     assert not (packed / "playground").exists()  # --no-page
+
+
+def test_golden_self_test_is_the_python_runtimes(packed, sample_recipe_dirs):
+    """gptedge-selftest.json: per graph, the Python runtime's greedy ids and top logits, the tolerance by what the
+    browser's kernel computes, and the accuracy-level caveat on weight-only graphs."""
+    from gptedge.pack.selftest import FLOAT_TOLERANCE, INT8_TOLERANCE, SELFTEST_FILE
+
+    pack = json.loads((packed / "gptedge-pack.json").read_text())
+    golden = json.loads((packed / SELFTEST_FILE).read_text())
+    assert [(g["dtype"], g["file"]) for g in golden["graphs"]] == [(m["dtype"], m["file"]) for m in pack["models"]]
+    assert {g["dtype"]: (g["tolerance"], "accuracy level 4" in g.get("caveat", "")) for g in golden["graphs"]} == {
+        "fp32": (FLOAT_TOLERANCE, False), "q8": (INT8_TOLERANCE, False), "int8": (FLOAT_TOLERANCE, True),
+        "q4": (FLOAT_TOLERANCE, True)}
+    q4 = golden["graphs"][3]["cases"][0]
+    want = load(sample_recipe_dirs["w4"], device="cpu").generate(q4["prompt"], max_new_tokens=8, greedy=True)
+    assert (q4["prompt_ids"], q4["ids"]) == (want.prompt_ids, want.ids)
+    assert [step[0][0] for step in q4["top"]] == want.ids and len(q4["top"][0]) == 5
 
 
 def test_external_data_is_renamed_for_transformers_js(sample_recipe_dirs, tmp_path):

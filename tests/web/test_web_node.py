@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from gptedge.pack.selftest import SELFTEST_FILE
 from gptedge.runtime import load
 from ..support.web_clients import need_node, run_node
 
@@ -81,3 +82,41 @@ def test_onnxruntime_web_wasm_creates_every_graph_kind(sample_recipe_dirs, gpt2_
     got = run_node(SESSIONS_JS, *graphs)
     assert sorted(got) == sorted(graphs)
     assert all(outputs[0] == "logits" for outputs in got.values())
+
+
+SELFTEST_JS = """
+import { configureRuntime, loadModel, readSelfTest, runSelfTest, formatSelfTest } from './playground.js';
+const [base, tampered] = [process.argv[2], JSON.parse(process.argv[3])];
+await configureRuntime();
+const golden = await readSelfTest(base);
+const out = {};
+for (const { dtype } of golden.graphs) {
+  const loaded = await loadModel(base, { dtype });
+  const own = await runSelfTest(loaded, golden);
+  // a wrong model: the fp32 graph's golden cases held against this graph
+  const wrong = await runSelfTest(loaded, { graphs: [{ ...golden.graphs.find((g) => g.dtype === 'fp32'), dtype }] });
+  out[dtype] = { own: [own.pass, own.maxDelta, formatSelfTest(own)], wrong: [wrong.pass, formatSelfTest(wrong)],
+                 tampered: formatSelfTest(await runSelfTest(loaded, tampered)) };
+  await loaded.model.dispose();
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_golden_self_test_passes_on_its_graphs_and_fails_on_others(packed):
+    """Every graph of the pack passes its own golden self-test in Node (native onnxruntime, as the Python runtime
+    ran); the fp32 golden held against a quantized graph fails, and so does a golden file with one logit moved."""
+    need_node()
+    golden = json.loads((packed / SELFTEST_FILE).read_text())
+    assert [g["dtype"] for g in golden["graphs"]] == ["fp32", "q8", "int8", "q4"]
+    assert all(len(g["cases"]) == 3 and g["tolerance"] > 0 and g["why_tolerance"] for g in golden["graphs"])
+    tampered = json.loads(json.dumps(golden))
+    for g in tampered["graphs"]:
+        g["cases"][1]["top"][0][0][1] += 4 * g["tolerance"]  # the first step's best logit of the second prompt
+    got = run_node(SELFTEST_JS, str(packed), json.dumps(tampered))
+    for dtype, result in got.items():
+        passed, delta, line = result["own"]
+        assert passed and delta < 1e-5 and line.startswith("self-test: pass (max |Δlogit| = "), (dtype, line)
+        assert result["tampered"].startswith("self-test: fail (max |Δlogit| = "), (dtype, result["tampered"])
+        if dtype != "fp32":
+            assert not result["wrong"][0] and "fail" in result["wrong"][1], (dtype, result["wrong"])
