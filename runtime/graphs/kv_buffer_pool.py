@@ -219,7 +219,9 @@ class SlotPool:
         for seq in seqs:
             self._lengths[row_of[seq]] += 1
         self._timeline = T + 1
-        return logits[[row_of[s] for s in seqs]]
+        order = [row_of[s] for s in seqs]
+        # the engine feeds its rows in their order until one leaves: then no second (n, V) copy
+        return logits if order == list(range(n)) else logits[order]
 
     def remove(self, seq: int) -> None:
         self.prompt_logits.pop(seq, None)
