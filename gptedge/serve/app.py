@@ -1,7 +1,8 @@
 """The HTTP routes: parse, validate, submit to the engine, and send its events back (JSON or Server-Sent Events).
 
 The engine thread owns the session; this module never runs the model. Engine events arrive on the engine
-thread and are handed to the event loop with `call_soon_threadsafe`. Each route watches its client: one
+thread and are handed to the event loop (`Job`: gathered under a lock, one `call_soon_threadsafe` per wake of a
+waiting reader). Each route watches its client: one
 that goes away (mid-body, mid-stream, or while waiting for a whole completion) has its engine requests
 cancelled, which frees their batch rows at the engine's next step, and is counted as a 499, never a 500.
 
