@@ -57,7 +57,7 @@ def test_events_from_another_thread_arrive_in_order_bunched_or_not():
         thread.join()
         return got
 
-    got = asyncio.run(main())
+    got = asyncio.run(asyncio.wait_for(main(), 30))  # a reader never woken fails here instead of hanging
     assert got == [(k % 2, str(k)) for k in range(200)] + [(0, "end0"), (1, "end1")]
 
 
