@@ -100,14 +100,15 @@ class SlotPool:
             for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
                 bind(name, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
 
-    def _run(self, binding, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, copy: bool = True) -> np.ndarray:
-        """-> last-position logits (n, V) float32: a copy, or with copy=False (fp32 logits) a view of the binding's
-        array, which its next run overwrites."""
+    def _run(self, binding, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """-> last-position logits (n, V) float32: with fp32 logits a view of the binding's array, which the
+        binding's next run overwrites (a prefill binds its own; the decode binding is step's, read before the next
+        step)."""
         self._inputs = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in (ids, mask, pos))
         for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs, strict=True):
             binding.bind_cpu_input(name, array)
         self._session.run_with_iobinding(binding)
-        return binding.logits[: ids.shape[0], -1, :].astype(np.float32, copy=copy)
+        return binding.logits[: ids.shape[0], -1, :].astype(np.float32, copy=False)
 
     # -- the pool's interface ------------------------------------------------------------------------
     def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None,
@@ -218,7 +219,7 @@ class SlotPool:
             ids[r, 0], pos[r, 0] = tok, self._lengths[r]
             mask[r, T - self._lengths[r]:] = 1
         # a view of the decode binding's logits (no (n, V) copy per step, as generate's loop): read before the next
-        logits = self._run(self._decode, ids, mask, pos, copy=False)
+        logits = self._run(self._decode, ids, mask, pos)
         for seq in seqs:
             self._lengths[row_of[seq]] += 1
         self._timeline = T + 1
