@@ -27,6 +27,7 @@ import click
 
 from gptedge import runtime
 from gptedge.runtime.generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB  # plain Python: light
+from gptedge.runtime.graphs.session import MAX_SPIN_US
 from gptedge.runtime.modeldir.chat_template import ChatTemplateError, find_chat_template, render_chat
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
 from gptedge.runtime.serving.classify_batcher import ClassifyBatcher  # threading only: light at --help
@@ -78,6 +79,9 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--spin/--no-spin", default=False, show_default=True,
               help="Let ONNX Runtime's threads spin-wait between runs (off: they yield the cores to the HTTP "
                    "side at once).")
+@click.option("--spin-us", default=None, type=count(1, MAX_SPIN_US),
+              help="Spin, but at most this many microseconds after each piece of work before sleeping (implies "
+                   "--spin): threads stay hot inside a decode step and free the cores soon after it.")
 @click.option("--max-queue", default=64, show_default=True, type=count(1, MAX_QUEUE),
               help="Requests waiting for a batch row; beyond it requests get 429.")
 @click.option("--max-tokens-limit", default=None, type=count(1),
@@ -99,7 +103,7 @@ def _listen(host: str, port: int) -> socket.socket:
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
 def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, prefix_cache_mb: int,
-          spin: bool, max_queue: int,
+          spin: bool, spin_us: int | None, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
           shutdown_timeout: float, web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int,
           max_examples: int, batch_wait: float, chat_template: Path | None) -> None:
@@ -119,7 +123,8 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
         return _serve_classifier(uvicorn, app, model, name, host, port, max_queue, api_key, threads, device,
                                  shutdown_timeout, limits, max_rows, max_examples, batch_wait)
     template = _read_chat_template(chat_template) if chat_template is not None else None
-    loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads, spin=spin))
+    loaded = runtime.load(model, device=device, session=runtime.SessionConfig(
+        threads=threads, spin=spin or spin_us is not None, spin_us=spin_us))
     _ = loaded.tokenizer  # fail on a missing tokenizer before serving
     context = loaded.manifest.shape.context_length
     if max_tokens_limit is not None and max_tokens_limit > context:

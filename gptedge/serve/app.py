@@ -1,7 +1,8 @@
 """The HTTP routes: parse, validate, submit to the engine, and send its events back (JSON or Server-Sent Events).
 
 The engine thread owns the session; this module never runs the model. Engine events arrive on the engine
-thread and are handed to the event loop with `call_soon_threadsafe`. Each route watches its client: one
+thread and are handed to the event loop (`Job`: gathered under a lock, one `call_soon_threadsafe` per wake of a
+waiting reader). Each route watches its client: one
 that goes away (mid-body, mid-stream, or while waiting for a whole completion) has its engine requests
 cancelled, which frees their batch rows at the engine's next step, and is counted as a 499, never a 500.
 
@@ -16,6 +17,7 @@ import asyncio
 import functools
 import json
 import logging
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -52,12 +54,36 @@ def _dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+_MARK = "\x00gptedge-text\x00"  # stands for a chunk's text in its template; no model name or id holds it
+_encode_text = json.encoder.encode_basestring  # what _dumps does to a str (ensure_ascii=False)
+
+
+def _text_chunk(out: Completion, templates: dict[int, tuple[str, str]], index: int, text: str) -> str:
+    """_dumps(out.chunk(index, text)), the chunk a stream sends per token, without building and encoding its
+    envelope each time: the envelope is encoded once per choice around a marker (`templates` keeps it), then only
+    the text is encoded into it."""
+    parts = templates.get(index)
+    if parts is None:
+        parts = tuple(_dumps(out.chunk(index, _MARK)).split(_dumps(_MARK)))
+        if len(parts) != 2:  # the marker elsewhere too: no template for this one
+            return _dumps(out.chunk(index, text))
+        templates[index] = parts
+    return parts[0] + _encode_text(text) + parts[1]
+
+
 class Job:
-    """One completion's engine requests (one per prompt), and their events as (index, TokenEvent) on the loop."""
+    """One completion's engine requests (one per prompt), and their events as (index, TokenEvent) on the loop.
+
+    The engine thread appends each event under a lock and wakes the loop only when the reader is waiting (one
+    `call_soon_threadsafe` per wake, not per event); the reader takes everything gathered since at once. No
+    asyncio.Queue: a queue's `get` awaited beside the disconnect future cost a task and an `asyncio.wait` per
+    token on the event loop, the thread that shares the cores with ONNX Runtime's."""
 
     def __init__(self, engine: Engine):
         self.engine, self.loop = engine, asyncio.get_running_loop()
-        self.queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
+        self._lock = threading.Lock()
+        self._items: list[tuple[int, TokenEvent]] = []  # events the reader has not taken yet
+        self._waiter: asyncio.Future | None = None  # set while the reader waits for the next event
         self.handles = []
 
     def submit(self, requests: list[CompletionRequest]) -> None:
@@ -66,30 +92,50 @@ class Job:
                                                          for i in range(len(requests))])
 
     def _on_event(self, index: int, event: TokenEvent) -> None:  # on the engine thread
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
-        except RuntimeError:  # the loop is closed: nobody listens any more
-            pass
+        with self._lock:
+            self._items.append((index, event))
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            try:
+                self.loop.call_soon_threadsafe(_wake, waiter)
+            except RuntimeError:  # the loop is closed: nobody listens any more
+                pass
+
+    def _wake_reader(self, _gone: asyncio.Future) -> None:  # on the loop: the client went away
+        with self._lock:
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            _wake(waiter)
 
     def cancel(self) -> None:
         for h in self.handles:
             h.cancel()
 
     async def events(self, gone: asyncio.Future) -> AsyncIterator[tuple[int, TokenEvent]]:
-        """Every event until each request has finished; ClientGone as soon as `gone` completes."""
+        """Every event until each request has finished; ClientGone as soon as `gone` completes while none is
+        waiting to be read."""
         remaining = len(self.handles)
-        while remaining:
-            if self.queue.empty():
-                get = asyncio.ensure_future(self.queue.get())
-                await asyncio.wait((get, gone), return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    raise ClientGone()
-                item = get.result()
-            else:
-                item = self.queue.get_nowait()
-            remaining -= item[1].finish_reason is not None
-            yield item
+        gone.add_done_callback(self._wake_reader)
+        try:
+            while remaining:
+                with self._lock:
+                    items, self._items = self._items, []
+                    waiter = self._waiter = self.loop.create_future() if not items else None
+                if waiter is not None:
+                    if gone.done():
+                        raise ClientGone()
+                    await waiter
+                    continue
+                for item in items:
+                    remaining -= item[1].finish_reason is not None
+                    yield item
+        finally:
+            gone.remove_done_callback(self._wake_reader)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():  # a reader cancelled while waiting left it cancelled
+        waiter.set_result(None)
 
 
 def _engine_logprobs(top: int | None, ranked: bool = False) -> int:
@@ -242,6 +288,7 @@ class Api(Routes):
     async def stream_chunks(self, job: Job, params: CompletionParams, choices: list[ChoiceState], out: Completion,
                             ids: list[list[int]], gone) -> AsyncIterator[str]:
         """Streams only when best_of == n: choice i is engine request i."""
+        templates: dict[int, tuple[str, str]] = {}  # each choice's text chunk, encoded once (_text_chunk)
         for i, c in enumerate(choices):
             if c.echo and c.prompt_offsets is None:  # an echo with logprobs waits for them (its first event)
                 yield _dumps(out.chunk(i, c.echo))
@@ -252,7 +299,10 @@ class Api(Routes):
             prompt, entry = choices[i].take(event, self.token_text, params.logprobs)
             if prompt is not None:
                 yield _dumps(out.chunk(i, choices[i].echo, None, prompt))
-            if event.text or entry is not None or event.finish_reason is not None:
+            if entry is None and event.finish_reason is None:
+                if event.text:  # the chunk of nearly every token
+                    yield _text_chunk(out, templates, i, event.text)
+            else:
                 yield _dumps(out.chunk(i, event.text, event.finish_reason, entry))
         if params.include_usage:
             yield _dumps(out.usage_chunk(sum(map(len, ids)), sum(c.completion_tokens for c in choices)))

@@ -101,11 +101,14 @@ class SlotPool:
                 bind(name, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
 
     def _run(self, binding, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """-> last-position logits (n, V) float32: with fp32 logits a view of the binding's array, which the
+        binding's next run overwrites (a prefill binds its own; the decode binding is step's, read before the next
+        step)."""
         self._inputs = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in (ids, mask, pos))
         for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs, strict=True):
             binding.bind_cpu_input(name, array)
         self._session.run_with_iobinding(binding)
-        return binding.logits[: ids.shape[0], -1, :].astype(np.float32)  # (n, V), a copy
+        return binding.logits[: ids.shape[0], -1, :].astype(np.float32, copy=False)
 
     # -- the pool's interface ------------------------------------------------------------------------
     def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None,
@@ -215,11 +218,14 @@ class SlotPool:
             r = row_of[seq]
             ids[r, 0], pos[r, 0] = tok, self._lengths[r]
             mask[r, T - self._lengths[r]:] = 1
+        # a view of the decode binding's logits (no (n, V) copy per step, as generate's loop): read before the next
         logits = self._run(self._decode, ids, mask, pos)
         for seq in seqs:
             self._lengths[row_of[seq]] += 1
         self._timeline = T + 1
-        return logits[[row_of[s] for s in seqs]]
+        order = [row_of[s] for s in seqs]
+        # the engine feeds its rows in their order until one leaves: no copy then; after, one (n, V) copy
+        return logits if order == list(range(n)) else logits[order]
 
     def remove(self, seq: int) -> None:
         self.prompt_logits.pop(seq, None)

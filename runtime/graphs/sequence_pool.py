@@ -48,7 +48,8 @@ class SequencePool(Protocol):
     # that only positions P.. are run; and reads them back with read_kv(seq, start, end).
 
     def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
-        """Feed one token per sequence (n,) -> next-token logits (n, V) float32, in `seqs` order."""
+        """Feed one token per sequence (n,) -> next-token logits (n, V) float32, in `seqs` order. It may be a view
+        that the pool's next step overwrites (kv_buffer's SlotPool): read it, or copy it, before the next step."""
 
     def remove(self, seq: int) -> None:
         """Forget a sequence (finished, cancelled, or abandoned mid-prefill); its room is reused."""

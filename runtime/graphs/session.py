@@ -17,6 +17,7 @@ CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 # More threads than logical CPUs only slows ONNX Runtime down (1,000 took 10-70 s to load): refused.
 MAX_THREADS = os.cpu_count() or 1
+MAX_SPIN_US = 100_000  # a tenth of a second: past it, spinning is just burning the cores
 OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
                        "all": "ORT_ENABLE_ALL"}
 
@@ -60,6 +61,10 @@ class SessionConfig:
     # Intra-op threads spin-wait for work between and after runs (ORT's default: on). Off, they yield the cores
     # at once: what a server wants, whose event loop and clients need the cores between two decode steps.
     spin: bool | None = None
+    # With spin on: at most this many microseconds an idle intra-op thread spin-waits before it sleeps (ONNX
+    # Runtime's session.intra_op.spin_duration_us; None: its own default). A short spin keeps the threads hot
+    # between the parallel sections of one run and yields the cores soon after the run.
+    spin_us: int | None = None
     # On CUDA, replay decode steps as captured CUDA graphs where the dir's graph allows it (a kv_buffer graph
     # with a wide mask: runtime/graphs/cuda_graph.py). A second session holds the weights again on the GPU.
     cuda_graph: bool = True
@@ -69,6 +74,9 @@ class SessionConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 1 <= value <= MAX_THREADS):
                 raise InvalidArgumentError(f"{name} must be an integer in 1..{MAX_THREADS}, got {value!r}")
+        if self.spin_us is not None and not (isinstance(self.spin_us, int) and not isinstance(self.spin_us, bool)
+                                             and 1 <= self.spin_us <= MAX_SPIN_US):
+            raise InvalidArgumentError(f"spin_us must be an integer in 1..{MAX_SPIN_US}, got {self.spin_us!r}")
         if self.optimization_level not in OPTIMIZATION_LEVELS:
             raise InvalidArgumentError(f"optimization_level must be one of {', '.join(OPTIMIZATION_LEVELS)}, "
                                        f"got {self.optimization_level!r}")
@@ -110,6 +118,8 @@ def make_session(model_path: str | bytes, device: str = "auto", config: SessionC
         options.inter_op_num_threads = config.inter_op_threads
     if config.spin is not None:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
+    if config.spin_us is not None:
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(config.spin_us))
     if external_data_dir is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", external_data_dir)
     if config.profile_prefix:

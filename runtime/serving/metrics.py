@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +20,7 @@ class Histogram:
         self.n = 0
 
     def observe(self, value: float) -> None:
-        i = next((k for k, b in enumerate(self.buckets) if value <= b), len(self.buckets))
+        i = bisect.bisect_left(self.buckets, value)  # the first bucket >= value; len(buckets): +Inf
         self.counts[i] += 1
         self.total += value
         self.n += 1

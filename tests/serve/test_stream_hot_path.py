@@ -1,0 +1,123 @@
+"""The streaming route's per-token path, without a model: the engine thread's events reach the reader in order
+however they bunch up, a client that leaves ends the wait at once, and a text chunk's JSON equals the general
+encoder's byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from gptedge.runtime.serving.requests import FinishReason, TokenEvent  # noqa: E402 - after the skip
+from gptedge.serve.app import Job, _dumps, _text_chunk  # noqa: E402 - after the skip
+from gptedge.serve.limits import ClientGone  # noqa: E402 - after the skip
+from gptedge.serve.openai_schema import Completion  # noqa: E402 - after the skip
+
+
+class _Handles:
+    """An engine stand-in: submit_all hands back one handle per request and keeps each callback."""
+
+    def __init__(self):
+        self.callbacks, self.cancelled = [], 0
+
+    def submit_all(self, requests, on_events):
+        self.callbacks = list(on_events)
+        return [self] * len(requests)
+
+    def cancel(self):
+        self.cancelled += 1
+
+
+def _event(text: str, last: bool = False) -> TokenEvent:
+    return TokenEvent(text, 1, finish_reason=FinishReason.LENGTH if last else None)
+
+
+def test_events_from_another_thread_arrive_in_order_bunched_or_not():
+    async def main():
+        engine = _Handles()
+        job = Job(engine)
+        job.submit([object(), object()])  # two requests: both must finish
+        gone = asyncio.get_running_loop().create_future()
+
+        def produce():
+            for k in range(200):  # bursts and gaps alike: the reader sometimes waits, sometimes finds several
+                engine.callbacks[k % 2](_event(str(k)))
+                if k % 17 == 0:
+                    threading.Event().wait(0.001)
+            engine.callbacks[0](_event("end0", last=True))
+            engine.callbacks[1](_event("end1", last=True))
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        got = [(i, e.text) async for i, e in job.events(gone)]
+        thread.join()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(main(), 30))  # a reader never woken fails here instead of hanging
+    assert got == [(k % 2, str(k)) for k in range(200)] + [(0, "end0"), (1, "end1")]
+
+
+def test_a_client_that_leaves_ends_the_wait_and_unread_events_come_first():
+    async def main():
+        engine = _Handles()
+        job = Job(engine)
+        job.submit([object()])
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        engine.callbacks[0](_event("a"))  # already waiting to be read when the client leaves
+        loop.call_later(0.05, gone.set_result, None)
+        got = []
+        with pytest.raises(ClientGone):
+            async for _, event in job.events(gone):
+                got.append(event.text)
+        return got
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == ["a"]
+
+
+def test_an_event_after_the_loop_closed_is_dropped_quietly():
+    engine = _Handles()
+
+    async def main():
+        job = Job(engine)
+        job.submit([object()])
+        gone = asyncio.get_running_loop().create_future()
+        reader = asyncio.ensure_future(job.events(gone).__anext__())
+        await asyncio.sleep(0)  # the reader now waits
+        reader.cancel()
+        return job
+
+    job = asyncio.run(main())
+    engine.callbacks[0](_event("late"))  # the loop is closed: nobody listens, nothing raises
+    assert job._items == [(0, _event("late"))]
+
+
+@pytest.mark.parametrize("text", ["", "x", " the", 'a "quoted" \\ back', "tab\tnew\nline\r\x00\x1f", "é ü ß", "👍🏽",
+                                  "\u2028\u2029", "</script>", "\x00gptedge-text"])
+def test_a_text_chunk_is_the_general_encoders_json(text):
+    out, templates = Completion("bench"), {}
+    for index in (0, 3, 0):  # a template per choice, reused
+        fast = _text_chunk(out, templates, index, text)
+        assert fast == _dumps(out.chunk(index, text))
+        assert json.loads(fast)["choices"] == [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]
+    assert sorted(templates) == [0, 3]
+
+
+@pytest.mark.parametrize("name", ["odd\x00gptedge-text\x00name", "\x00gptedge-text\x00"])
+def test_a_model_name_holding_the_marker_still_gets_the_general_encoders_json(name):
+    out, templates = Completion(name), {}
+    assert _text_chunk(out, templates, 0, "hi") == _dumps(out.chunk(0, "hi"))
+    assert (templates == {}) == (name == "\x00gptedge-text\x00")  # only a name equal to it needs the fallback
+
+
+def test_a_latency_lands_in_the_first_bucket_at_or_above_it():
+    from gptedge.runtime.serving.metrics import Histogram
+
+    h = Histogram("h", "help", (0.01, 0.1, 1.0))
+    for value in (0.0, 0.01, 0.010001, 0.1, 0.5, 1.0, 2.0, float("inf")):
+        h.observe(value)
+    assert h.counts == [2, 2, 2, 2]  # le=0.01 holds 0.01 itself (Prometheus' `le`); above every bucket: +Inf
