@@ -1,7 +1,7 @@
-"""A Llama dir (GQA, untied head, Metaspace tokenizer with byte fallback and a bos token) behind `gptedge serve` and
-behind Ray Serve replicas, as the GPT-2 dirs are (tests/serve/test_serve.py, tests/ray/test_ray_serve.py):
-completions, streamed
-or not, equal generate() on the prompt as the checkpoint's tokenizer makes it (bos first)."""
+"""A Llama dir (GQA, untied head, Metaspace tokenizer with byte fallback and a bos token) behind `gptedge serve`, as
+the GPT-2 dirs are (tests/serve/test_serve.py): completions, streamed or not, equal generate() on the prompt as the
+checkpoint's tokenizer makes it (bos first). The same requests go to Ray Serve replicas in tests/ray/test_ray_llama.py
+(on tests/ray's one cluster)."""
 
 from __future__ import annotations
 
@@ -83,37 +83,3 @@ def test_serve_completions_equal_generate(llama_dir, solo, tmp_path):
         stop_server(server.proc)
     assert_as_generate(solo, answers)
     assert [m["id"] for m in models["data"]] == [NAME]
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_ray_replicas_answer_as_generate(llama_dir, solo, tmp_path):
-    """deploy/ray-serve.yaml on a two-node local cluster, 2 replicas pinned one per node, the Llama dir."""
-    ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
-    pytest.importorskip("ray.serve", reason="the [ray] extra is not installed")
-    from gptedge.serve.ray_local import LocalCluster, NodeSpec, free_port
-
-    from ..support.ray_cluster import (app_running, client, complete, config_from_yaml, deploy_config, disconnect,
-                                       wait_for)
-    from ..ray.test_ray_serve import CLUSTER_ENV, PINNED, SLOT
-
-    cluster = LocalCluster([NodeSpec(1, {"head": 1, SLOT: 1}), NodeSpec(1, {"node2": 1, SLOT: 1})], env=CLUSTER_ENV)
-    cluster.start()
-    try:
-        ray.init(address=cluster.address, log_to_driver=False, namespace="serve")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        deploy_config(cluster.address, config_from_yaml(llama_dir, "llama", port, PINNED), tmp_path)
-        wait_for(lambda: app_running("llama", url, 2), 240, "2 replicas running")
-
-        async def run():
-            async with client(url) as http:
-                return await asyncio.gather(*(complete(http, b) for b in bodies() * 2))
-
-        answers = asyncio.run(asyncio.wait_for(run(), 300))
-    finally:
-        disconnect()
-        cluster.stop()
-    assert_as_generate(solo, answers[:4])
-    assert_as_generate(solo, answers[4:])
-    assert len({a.replica for a in answers}) == 2

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
-from gptedge.runtime import load
+from gptedge.runtime import load, read_manifest
 
 from ..support.beams import assert_same, transformers_beams
 from ..support.quant import fake_quantized
@@ -35,29 +35,41 @@ VS_FP32 = {"dynamic": (0.35, 0.97), "weight-only": (0.14, 0.97), "int4": (1.1, 0
 
 
 @pytest.fixture(scope="module")
-def gpt1(tmp_path_factory):
-    """transformers' own OpenAIGPTLMHeadModel (seed 0, its default shape), saved, exported and quantized."""
-    from gptedge.export.exporter import export_checkpoint
-
-    base = tmp_path_factory.mktemp("openai-gpt")
+def hf():
+    """transformers' own OpenAIGPTLMHeadModel (seed 0, its default shape), kept for the tests' oracles (the same
+    weights as the checkpoint saved from it: loading 470 MB back for each test costs seconds)."""
     torch.manual_seed(0)
     config = transformers.OpenAIGPTConfig()  # the original GPT: 12 x 768, 512 positions, 40,478 tokens
     assert (config.n_layer, config.n_embd, config.vocab_size, config.n_positions) == (N_LAYER, N_EMBD, VOCAB, CONTEXT)
-    transformers.OpenAIGPTLMHeadModel(config).eval().save_pretrained(base / "ck")
+    return transformers.OpenAIGPTLMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def gpt1(tmp_path_factory, hf):
+    """That model saved, exported and quantized."""
+    from gptedge.export.exporter import export_checkpoint
+
+    base = tmp_path_factory.mktemp("openai-gpt")
+    hf.save_pretrained(base / "ck")
     export_checkpoint(base / "ck", base / "fp32")
     for name, recipe in RECIPES.items():
         quantize_model_dir(base / "fp32", base / name, recipe)
     return base
 
 
-def hf_logits(checkpoint, ids: np.ndarray) -> np.ndarray:
-    model = transformers.OpenAIGPTLMHeadModel.from_pretrained(checkpoint).eval()
+@pytest.fixture(scope="module")
+def fp32(gpt1):
+    """The fp32 dir loaded once (an ONNX Runtime session on 470 MB of weights)."""
+    return load(gpt1 / "fp32", device="cpu")
+
+
+def hf_logits(hf, ids: np.ndarray) -> np.ndarray:
     with torch.no_grad():
-        return model(torch.from_numpy(ids)).logits.numpy()
+        return hf(torch.from_numpy(ids)).logits.numpy()
 
 
-def test_export_matches_transformers_and_the_reference(gpt1):
-    model = load(gpt1 / "fp32", device="cpu")
+def test_export_matches_transformers_and_the_reference(gpt1, fp32, hf):
+    model = fp32
     m = model.manifest
     assert (m.shape.arch, m.shape.n_layer, m.shape.n_embd, m.shape.vocab_size, m.shape.context_length) == \
         ("openai-gpt", N_LAYER, N_EMBD, VOCAB, CONTEXT)
@@ -68,32 +80,31 @@ def test_export_matches_transformers_and_the_reference(gpt1):
     ids = np.random.default_rng(0).integers(0, VOCAB, size=(1, CONTEXT), dtype=np.int64)
     pos = np.broadcast_to(np.arange(CONTEXT), ids.shape).copy()
     got, _ = model.forward(ids, np.ones_like(ids), pos, model.empty_past(1))
-    want = hf_logits(gpt1 / "ck", ids)
+    want = hf_logits(hf, ids)
     assert np.abs(got - want).max() <= 1e-4
     ops = Counter(n.op_type for n in onnx.load(str(gpt1 / "fp32" / "model.onnx"), load_external_data=False).graph.node)
     assert ops["LayerNormalization"] == 2 * N_LAYER and ops["Softmax"] == N_LAYER  # post-LN, no final LN
 
 
-def test_greedy_ids_equal_transformers_generate(gpt1):
+def test_greedy_ids_equal_transformers_generate(fp32, hf):
     """(Against the reference, 3 prompts x 64 tokens were compared at export.) transformers' OpenAIGPT keeps no
     cache, so its generate recomputes every step: a short run."""
     prompt = [40, 1001, 7, 23456, 311, 2]
     with torch.no_grad():
-        hf = transformers.OpenAIGPTLMHeadModel.from_pretrained(gpt1 / "ck").eval()
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)[0, 6:].tolist()
-    assert load(gpt1 / "fp32", device="cpu").generate(prompt, max_new_tokens=16, greedy=True).ids == want
+    assert fp32.generate(prompt, max_new_tokens=16, greedy=True).ids == want
 
 
-def test_beam_search_equals_transformers(gpt1):
+def test_beam_search_equals_transformers(fp32, hf):
     """A left-padded batch of two: each prompt's beams and scores equal transformers' on that prompt alone
     (transformers' OpenAIGPT numbers positions from the left edge whatever the mask says, so its own padded
     batches are not a reference; gptedge's rows are position-correct and batch-independent)."""
-    model = load(gpt1 / "fp32", device="cpu")
+    model = fp32
     prompts = [[40, 1001, 7, 23456, 311, 2], [977, 12]]
     options = dict(num_beams=4, length_penalty=1.0, early_stopping=False, num_return_sequences=2)
     ours = model.beam_search(prompts, max_new_tokens=8, **options)
     for got, prompt in zip(ours, prompts, strict=True):
-        assert_same([got], transformers_beams(gpt1 / "ck", [prompt], 8, eos=None, pad=0, **options))
+        assert_same([got], transformers_beams(hf, [prompt], 8, eos=None, pad=0, **options))
         assert len(got.sequences) == 2 and all(len(s) == 8 for s in got.sequences)  # no eos: full length
 
 
@@ -113,7 +124,7 @@ def test_quantized_structure_and_parity(gpt1, name):
     floats = [t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2
               and min(t.dims) >= 32 and not t.name.endswith(".scales")]  # MatMulNBits' (N, K / 32) scales
     assert floats == ["wpe.weight"]  # every weight matrix quantized; the positions stay float
-    vs = load(gpt1 / name, device="cpu").manifest.parity.vs_fp32
+    vs = read_manifest(gpt1 / name).parity.vs_fp32  # recorded at quantize time
     max_diff, min_top1 = VS_FP32[name]
     assert vs.max_abs_logit_diff <= max_diff and vs.top1_agreement >= min_top1, (name, vs)
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from ..support.checkpoints import GPT2_VOCAB, copy_gpt2_tokenizer
-from ..support.cli import run_gptedge
 from ..support.task_checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.slow  # a fine-tuned transformers checkpoint exported through the command
@@ -66,13 +65,15 @@ def test_classify_equals_transformers_on_a_plain_checkpoint(tmp_path, pad):
         np.testing.assert_allclose([r.probabilities for r in got], want, atol=2e-5)
 
 
-def test_a_head_checkpoint_without_task_is_refused_unless_task_lm(tmp_path):
+def test_a_head_checkpoint_without_task_is_refused_unless_task_lm(runner, tmp_path):
+    from gptedge.cli import main
+
     ck = plain_checkpoint(tmp_path / "ck", 50256)
-    done = run_gptedge("export", str(ck), "-o", str(tmp_path / "out"))
-    assert done.returncode == 2 and "is a GPT2ForSequenceClassification checkpoint" in done.stderr, done.stderr
+    done = runner.invoke(main, ["export", str(ck), "-o", str(tmp_path / "out")])
+    assert done.exit_code == 2 and "is a GPT2ForSequenceClassification checkpoint" in done.stderr, done.output
     assert "--task lm" in done.stderr and not (tmp_path / "out").exists()
-    done = run_gptedge("export", str(ck), "-o", str(tmp_path / "lm"), "--task", "lm")
-    assert done.returncode == 0, done.stderr
-    done = run_gptedge("export", str(ck), "-o", str(tmp_path / "clf"), "--task", "classification")
-    assert done.returncode == 0, done.stderr
+    done = runner.invoke(main, ["export", str(ck), "-o", str(tmp_path / "lm"), "--task", "lm"])
+    assert done.exit_code == 0, done.output
+    done = runner.invoke(main, ["export", str(ck), "-o", str(tmp_path / "clf"), "--task", "classification"])
+    assert done.exit_code == 0, done.output
     shutil.rmtree(tmp_path / "lm")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ..support.checkpoints import ROOT
+from ..support.checkpoints import ROOT, SAMPLE_MODEL
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")  # lm-eval's hf backend imports it
@@ -38,16 +38,14 @@ def test_the_task_is_written_from_committed_text(tmp_path):
 
 
 @pytest.mark.slow
-def test_lm_eval_through_the_server_equals_its_hf_backend(tmp_path, monkeypatch):
-    from gptedge.export.exporter import export_checkpoint
-
+def test_lm_eval_through_the_server_equals_its_hf_backend(tmp_path, monkeypatch, sample_recipe_dirs):
+    """The fp32 dir is conftest's session export of the sample model (the script exports its own)."""
     bench = _benchmark()
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(name, "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
-    model_dir = tmp_path / "fp32"
-    export_checkpoint(bench.SAMPLE, model_dir)
-    result = bench.compare(bench.SAMPLE, model_dir, DOCS, tmp_path)
+    assert bench.SAMPLE == SAMPLE_MODEL  # the checkpoint that dir was exported from
+    result = bench.compare(bench.SAMPLE, sample_recipe_dirs["fp32"], DOCS, tmp_path)
     assert result["requests"] == DOCS * bench.CHOICES
     assert result["max_diff"] < 1e-4
     assert result["served"] == result["hf"] and set(result["served"]) == {"acc", "acc_norm"}

@@ -20,20 +20,12 @@ ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
 pytest.importorskip("ray.serve", reason="the [ray] extra is not installed")
 httpx = pytest.importorskip("httpx")
 
-from gptedge.serve.ray_local import LocalCluster, NodeSpec, free_port  # noqa: E402 - after the optional-dependency skips above
-
-from ..support.ray_cluster import (KEY, NAME, Answer, app_running, client, complete, config_from_yaml,  # noqa: E402 - after the optional-dependency skips above
-                          delete_app, deploy_config, disconnect, replica_states, serve_run, wait_for)
+from ..support.ray_cluster import (KEY, NAME, PINNED, SLOT, Answer, app_running, client, complete, config_from_yaml,  # noqa: E402 - after the optional-dependency skips above
+                          delete_app, deploy_config, replica_states, serve_run, wait_for)
 
 pytestmark = pytest.mark.ray
 
 CONTEXT = 256
-SLOT = "gptedge_slot"  # one per node: replicas each take one, so there is one replica per node
-CLUSTER_ENV = {
-    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "gptedge.serve.ray_proxy:proxy_middlewares",
-    "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",  # one entry point: balance by queue length, not locality
-}
-PINNED = {"num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 1, "resources": {SLOT: 1}}}
 MAIN = "gptedge"
 
 
@@ -55,26 +47,6 @@ def solo(model_dir):
     from gptedge.runtime import load
 
     return load(model_dir, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster([NodeSpec(1, {"head": 1, SLOT: 1}), NodeSpec(1, {"node2": 1, SLOT: 1})], env=CLUSTER_ENV)
-    c.start()
-    try:
-        ray.init(address=c.address, log_to_driver=False, namespace="serve")
-        nodes = {n["NodeID"]: ("head" if "head" in n["Resources"] else "node2") for n in ray.nodes() if n["Alive"]}
-        c.node_names = nodes
-        yield c
-    finally:
-        disconnect()
-        c.stop()
-        assert not c.own_pids(), "Ray processes outlived the cluster"
-
-
-@pytest.fixture(scope="module")
-def url(cluster):
-    return f"http://127.0.0.1:{free_port()}"
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ from gptedge.runtime.serving.engine import CompletionRequest, Engine  # noqa: E4
 from ..support.structured_schemas import generated_schema, write_llama_checkpoint  # noqa: E402 - after the optional-dependency skip above
 
 SCHEMAS = 50
-SAMPLE_MODEL = Path(__file__).resolve().parents[2] / "samples" / "sample-model"
 PROMPT = "The record: "
 MAX_TOKENS = 200
 
@@ -68,14 +67,14 @@ def invalid(schemas: list[dict], results) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def families(tmp_path_factory) -> dict[str, Path]:
-    """family -> model dir: the GPT-2 sample model and the tiny seeded Llama, exported."""
+def families(tmp_path_factory, sample_recipe_dirs) -> dict[str, Path]:
+    """family -> model dir: the GPT-2 sample model (conftest's session export, unvalidated) and the tiny seeded Llama,
+    exported."""
     from gptedge.export.exporter import export_checkpoint
 
     root = tmp_path_factory.mktemp("structured")
-    export_checkpoint(SAMPLE_MODEL, root / "gpt2", validate=False)
     export_checkpoint(write_llama_checkpoint(root / "llama-ck"), root / "llama", validate=False)
-    return {"gpt2": root / "gpt2", "llama": root / "llama"}
+    return {"gpt2": sample_recipe_dirs["fp32"], "llama": root / "llama"}
 
 
 @pytest.mark.slow

@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def transformers_beams(checkpoint: Path, prompts, new_tokens: int, eos: int, pad: int, **options):
-    """The oracle: transformers' own beam search on the same checkpoint -> [(generated ids, score)] per prompt."""
+def transformers_beams(checkpoint, prompts, new_tokens: int, eos: int, pad: int, **options):
+    """The oracle: transformers' own beam search on the same checkpoint (its dir, or the model already loaded from
+    it) -> [(generated ids, score)] per prompt."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    loaded = isinstance(checkpoint, str | Path)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval() if loaded else checkpoint
     L = max(map(len, prompts))
     ids = torch.tensor([[pad] * (L - len(p)) + list(p) for p in prompts])
     mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])

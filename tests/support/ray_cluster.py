@@ -20,6 +20,13 @@ DEPLOY_YAML = ROOT / "deploy" / "ray-serve.yaml"
 SERVE = str(Path(sys.executable).with_name("serve"))
 KEY = "ray-test-key"
 NAME = "tiny"
+SLOT = "gptedge_slot"  # one per node: replicas each take one, so there is one replica per node
+CLUSTER_ENV = {
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "gptedge.serve.ray_proxy:proxy_middlewares",
+    "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",  # one entry point: balance by queue length, not locality
+}
+# deploy/ray-serve.yaml's deployment made 2 replicas, one per node
+PINNED = {"num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 1, "resources": {SLOT: 1}}}
 
 
 def serve_run(address: str, *args: str, log: Path) -> None:
