@@ -123,7 +123,7 @@ def packed(levels: np.ndarray, scale: np.ndarray, zp: np.ndarray, bits: int, sym
 def hessians(model: onnx.ModelProto, manifest: Manifest, inputs: list[str], windows: list[np.ndarray],
              work_dir: Path) -> dict[str, np.ndarray]:
     """Run the float `model` over the calibration windows with `inputs` (linears' input values) exposed ->
-    name -> X^T X / T (K, K) float64, X the (T, K) values over every window's tokens."""
+    name -> X^T X / T (K, K) float32, X the (T, K) values over every window's tokens."""
     session = exposed_session(model, inputs, work_dir / "gptq_calibration.onnx")
     h: dict[str, np.ndarray] = {}
     tokens = 0
@@ -132,7 +132,7 @@ def hessians(model: onnx.ModelProto, manifest: Manifest, inputs: list[str], wind
             x = value.reshape(-1, value.shape[-1]).astype(np.float32)  # (T, K)
             h[name] = h[name] + x.T @ x if name in h else x.T @ x
         tokens += int(ids.size)
-    return {name: m.astype(np.float64) / tokens for name, m in h.items()}
+    return {name: m / np.float32(tokens) for name, m in h.items()}  # float32: gptq_rows takes each to float64
 
 
 def gptq_blocks(model: onnx.ModelProto, recipe: QuantizeRecipe, manifest: Manifest, model_dir: Path, text: str,
