@@ -66,23 +66,31 @@ def ln_linear_pairs(model: onnx.ModelProto, weights: Initializers) -> list[tuple
     return pairs
 
 
+def exposed_session(model: onnx.ModelProto, names: list[str], path: Path):
+    """An ONNX Runtime session of the float `model` (initializers inline or beside `path`) with the intermediate
+    values `names` also as graph outputs, saved at `path` (a scratch file) first."""
+    import onnxruntime as ort
+
+    model.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+    onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def window_feeds(session, manifest: Manifest, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The graph's inputs for one calibration window (1, T) of token ids, as its variant feeds them."""
+    wanted = {i.name for i in session.get_inputs()}
+    return {k: v for k, v in variant_class(manifest.graph).calibration_feeds(ids, manifest.shape).items()
+            if k in wanted}
+
+
 def layer_norm_outputs(model_dir: Path, manifest: Manifest, names: list[str], windows: list[np.ndarray],
                        work_dir: Path) -> dict[str, np.ndarray]:
     """Run the fp32 graph over the calibration windows with `names` as extra outputs -> name -> (tokens, C)."""
-    import onnxruntime as ort
-
-    model = onnx.load(str(model_dir / manifest.model_file))
-    model.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
-    path = work_dir / "awq_calibration.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, location="awq_calibration.onnx.data")
-    del model
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feeds_for = variant_class(manifest.graph).calibration_feeds
-    wanted = {i.name for i in session.get_inputs()}
+    session = exposed_session(onnx.load(str(model_dir / manifest.model_file)), names,
+                              work_dir / "awq_calibration.onnx")
     got: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for ids in windows:
-        feeds = {k: v for k, v in feeds_for(ids, manifest.shape).items() if k in wanted}
-        for n, value in zip(names, session.run(names, feeds), strict=True):
+        for n, value in zip(names, session.run(names, window_feeds(session, manifest, ids)), strict=True):
             got[n].append(value.reshape(-1, value.shape[-1]))
     return {n: np.concatenate(v) for n, v in got.items()}
 

@@ -83,12 +83,18 @@ def quantize_4bit(w_rows: np.ndarray, block_size: int, symmetric: bool = True, s
         parts = [quantize_4bit(w_rows[i:i + ROW_CHUNK], block_size, symmetric, search, scale_search)
                  for i in range(0, w_rows.shape[0], ROW_CHUNK)]
         return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts, strict=True))
-    blocks = _blocks(w_rows, block_size)
+    return pack_levels(*grid_4bit(_blocks(w_rows, block_size), symmetric, search, scale_search), symmetric)
+
+
+def grid_4bit(blocks: np.ndarray, symmetric: bool, search: bool = True,
+              scale_search: str = "range") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks (N, B, bs) float32 -> (levels q (N, B, bs) float 0..15, scale (N, B), zero point (N, B) float): what
+    quantize_4bit packs, unpacked (gptq.py rounds its updated weights on this grid, block by block)."""
     if scale_search == "mse":
-        best_q, best_scale, best_zp = (
-            ss.search_symmetric(blocks, SYMMETRIC_ZERO_POINT, 0, LEVELS - 1, -8.0, np.union1d(ss.SYM_SHRINK, SHRINK))
-            if symmetric else ss.search_asymmetric(blocks, LEVELS, also=SHRINK))
-        return _pack(best_q, best_scale, best_zp, symmetric)
+        if symmetric:
+            shrink = np.union1d(ss.SYM_SHRINK, SHRINK)
+            return ss.search_symmetric(blocks, SYMMETRIC_ZERO_POINT, 0, LEVELS - 1, -8.0, shrink)
+        return ss.search_asymmetric(blocks, LEVELS, also=SHRINK)
     if scale_search != "range":
         raise ValueError(f"unknown scale search {scale_search!r}")
     best_q = best_scale = best_zp = best_err = None
@@ -103,10 +109,10 @@ def quantize_4bit(w_rows: np.ndarray, block_size: int, symmetric: bool = True, s
             best_q = np.where(better[..., None], q, best_q)
             best_scale, best_zp = np.where(better, scale, best_scale), np.where(better, zp, best_zp)
             best_err = np.minimum(err, best_err)
-    return _pack(best_q, best_scale, best_zp, symmetric)
+    return best_q, best_scale, best_zp
 
 
-def _pack(best_q: np.ndarray, best_scale: np.ndarray, best_zp: np.ndarray,
+def pack_levels(best_q: np.ndarray, best_scale: np.ndarray, best_zp: np.ndarray,
           symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     packed = pack_nibbles(best_q.astype(np.uint8))
     if symmetric:

@@ -24,6 +24,7 @@ from . import int8_math as qm
 from . import nbit_math as nm
 from .awq import awq_overrides, ln_linear_pairs
 from .base import Method, Quantized, QuantizeJob, Storage
+from .gptq import gptq_blocks
 from .fp16 import ACTIVATIONS as FP16_ACTIVATIONS
 from .fp16 import to_float16
 from .rewrite import MS_DOMAIN, Rewrite
@@ -32,8 +33,12 @@ log = logging.getLogger(__name__)
 
 
 def _blocked_weight(r: Rewrite, name: str, w_rows: np.ndarray, bits: int, block_size: int,
-                    symmetric: bool, scale_search: str = "range") -> list[str]:
-    """Rows (N, K) -> MatMulNBits' B, scales[, zero_points] initializers; their names."""
+                    symmetric: bool, scale_search: str = "range", rounded: tuple | None = None) -> list[str]:
+    """Rows (N, K) -> MatMulNBits' B, scales[, zero_points] initializers; their names. rounded: those arrays
+    already made (gptq.py's, in the same layout), written instead."""
+    if rounded is not None:
+        suffixes = (".q8", ".scales") if bits == 8 else (".q4", ".scales", ".zero_points")
+        return [r.init(f"{name}{sfx}", a) for sfx, a in zip(suffixes, rounded, strict=False) if a is not None]
     if bits == 8:
         q, scale = qm.quantize_blocks_u8(w_rows, block_size, scale_search)  # (N, K/bs, bs), (N, K/bs)
         return [r.init(f"{name}.q8", q), r.init(f"{name}.scales", scale)]
@@ -96,7 +101,8 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
                         quantize_head: bool = True,
                         keep_8bit: tuple[str, ...] = (), scale_search: str = "range",
                         overrides: dict[str, np.ndarray] | None = None,
-                        linear_names: dict[str, str] | None = None) -> tuple[onnx.ModelProto, dict[str, str]]:
+                        linear_names: dict[str, str] | None = None,
+                        rounded: dict[str, tuple] | None = None) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Linear MatMuls and the LM head -> MatMulNBits (`bits`-bit blocks along K, activations stay float).
 
     The tied embedding is stored once in MatMulNBits' layout, at `embedding_bits` (default: `bits`):
@@ -108,7 +114,8 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
     each block's scale is chosen (recipe.SCALE_SEARCHES). overrides: initializers' new float values by name,
     read instead of the source's (awq.py's fold: LayerNorm gamma / beta and the linears' scaled weights).
     linear_names: graph name -> neutral name of each block linear (recipe.block_linears), what keep_8bit matches
-    besides the graph's own names; None: the graph's names alone.
+    besides the graph's own names; None: the graph's names alone. rounded: linears' MatMulNBits initializers
+    already made by weight name (gptq.py's), written instead of rounding their weights here.
     """
     embedding_bits = embedding_bits or bits
     r = Rewrite(model, base_dir)
@@ -145,8 +152,9 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
             graph_name = node.input[1].removesuffix(".weight")
             names = (graph_name, (linear_names or {}).get(graph_name, graph_name))
             width_bits = 8 if kept_at_8bit(names, keep_8bit) else bits
+            made = (rounded or {}).get(node.input[1])
             r.node("MatMulNBits", [node.input[0], *_blocked_weight(r, node.input[1], w.T, width_bits, block_size,
-                                                                   symmetric, scale_search)],
+                                                                   symmetric, scale_search, made)],
                    list(node.output), node.name, domain=MS_DOMAIN, K=w.shape[0], N=w.shape[1], bits=width_bits,
                    block_size=block_size, accuracy_level=accuracy_level)
             r.quantized[node.name] = (f"MatMulNBits ({width_bits}-bit)" if width_bits != 8 or bits != 8
@@ -160,8 +168,9 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
     """Block size must divide n_embd (the rewrite checks every linear's K: the MLP width too). A block size that
     cannot is the command line's fault: InvalidArgumentError (exit 2), naming the sizes that fit. awq needs the
     calibration text its scales are measured on."""
-    if recipe.awq and calibration_text is None:
-        raise InvalidArgumentError("--awq needs --calibration TEXT_FILE (its scales are measured on it)")
+    for flag, asked in (("--awq", recipe.awq), ("--gptq", recipe.gptq)):
+        if asked and calibration_text is None:
+            raise InvalidArgumentError(f"{flag} needs --calibration TEXT_FILE (it is measured on it)")
     if shape.n_embd % recipe.block_size:
         fit = [b for b in (16, 32, 64, 128, 256, 512) if shape.n_embd % b == 0]
         raise InvalidArgumentError(f"--block-size {recipe.block_size} does not divide n_embd {shape.n_embd}: "
@@ -184,11 +193,14 @@ def apply(job: QuantizeJob) -> Quantized:
         rc = replace(rc, awq=False)
     overrides = (awq_overrides(job.model, rc, job.manifest, job.model_dir, job.calibration_text, job.work_dir)
                  if rc.awq else None)
+    names = block_linears(job.manifest.shape.n_layer, job.manifest.shape.arch)
+    rounded = (gptq_blocks(job.model, rc, job.manifest, job.model_dir, job.calibration_text, job.work_dir, overrides,
+                           names) if rc.gptq else None)
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
                                        rc.embedding_bits, base_dir=job.model_dir,
                                        quantize_head=rc.quantize_head, keep_8bit=rc.keep_8bit,
                                        scale_search=rc.scale_search, overrides=overrides,  # initializers inline
-                                       linear_names=block_linears(job.manifest.shape.n_layer, job.manifest.shape.arch))
+                                       linear_names=names, rounded=rounded)
     if rc.float16:
         model = to_float16(model)  # MatMulNBits' scales and activations become fp16 with the rest
     return Quantized(model, nodes, rc)
@@ -210,6 +222,8 @@ def storage(recipe: QuantizeRecipe) -> Storage:
     kept += "; scales and zero points by least squared error" if recipe.scale_search == "mse" else ""
     kept += ("; activation-aware input-channel scales folded into the LayerNorms before the linears they feed"
              if recipe.awq else "")
+    kept += ("; the linears' weights rounded by GPTQ (second-order, on the calibration text's activations)"
+             if recipe.gptq else "")
     return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "
                            f"{recipe.block_size} along K{kept}",
                    activations=activations,

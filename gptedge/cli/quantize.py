@@ -64,6 +64,9 @@ recipe_options = grouped(
     click.option("--awq", is_flag=True,
                  help="Weight-only: activation-aware input-channel scales, measured on --calibration and folded "
                       "into the LayerNorm before each linear that reads one (same graph, same bytes)."),
+    click.option("--gptq", is_flag=True,
+                 help="Weight-only: round each linear's weights by GPTQ's second-order updates on the activations "
+                      "--calibration gives it (same graph, same bytes)."),
     click.option("--float16", is_flag=True,
                  help="Weight-only: activations, scales and caches in fp16 (for --device cuda)."),
     click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products)."),
@@ -109,6 +112,8 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         raise click.UsageError(f"--method {recipe.method} needs --calibration TEXT_FILE")
     if recipe is not None and recipe.awq and calibration is None:
         raise click.UsageError("--awq needs --calibration TEXT_FILE (its scales are measured on it)")
+    if recipe is not None and recipe.gptq and calibration is None:
+        raise click.UsageError("--gptq needs --calibration TEXT_FILE (its rounding is measured on it)")
     if calibration is None and KV_CACHES[kv_cache].quantized:
         raise click.UsageError(f"--kv-cache {kv_cache} needs --calibration TEXT_FILE (its scales are measured)")
     check_output(out, force, inputs=[model, calibration])
@@ -124,6 +129,7 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         widths += f", 8-bit {' '.join(recipe.keep_8bit)}" if recipe.keep_8bit else ""
         widths += ", mse scales" if recipe.scale_search == "mse" else ""
         widths += ", awq" if manifest.quantization.awq else ""  # as applied: a graph with nothing to fold drops it
+        widths += ", gptq" if recipe.gptq else ""
         widths += ", fp16 activations" if recipe.float16 else ""
         widths += f", {kv_cache} KV cache" if kv_cache != DEFAULT_KV_CACHE else ""
         done = (f"{recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "

@@ -82,6 +82,9 @@ class QuantizeRecipe:
     # weight-only: activation-aware per-channel scales folded into the LayerNorm before each linear that reads one
     # (quantize/awq.py), chosen on the calibration text. Not visible in the graph either (gamma / beta change only).
     awq: bool = False
+    # weight-only: the linears' weights rounded by GPTQ-style second-order updates on the calibration text's
+    # activations (quantize/gptq.py), in the same blocks. Not visible in the graph either (the levels differ only).
+    gptq: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
@@ -108,7 +111,8 @@ class QuantizeRecipe:
                                        f"{self.bits}-bit {self.method}")
         if self.scale_search not in SCALE_SEARCHES:
             raise InvalidArgumentError(f"scale search must be {' or '.join(SCALE_SEARCHES)}, got {self.scale_search!r}")
-        for what, asked in (("--scale-search mse", self.scale_search != "range"), ("--awq", self.awq)):
+        for what, asked in (("--scale-search mse", self.scale_search != "range"), ("--awq", self.awq),
+                            ("--gptq", self.gptq)):
             if asked and self.method != "weight-only":
                 raise InvalidArgumentError(f"{what} applies to weight-only (MatMulNBits blocks), not {self.method}")
         if any(not isinstance(p, str) or not p.strip() for p in self.keep_8bit):

@@ -310,8 +310,8 @@ def test_verbose_logs_progress(gpt2_model_dir, tmp_path):
 # server in test_serve and test_serve_hostile; pack: test_pack_web / test_pack_mobile; serve --web:
 # test_serve_playground; verify: test_model_integrity; classify and export --task: test_classify_cli; compare
 # --labelled: test_classify_compare; quantize --keep-8bit: test_int4_mixed; serve --chat-template: test_serve_chat;
-# quantize --scale-search / --awq: test_quantizers; --max-kl / --prefer: test_recipe_search; serve --spin-us:
-# test_serve_spin).
+# quantize --scale-search / --awq: test_quantizers; --gptq: test_gptq; --max-kl / --prefer: test_recipe_search;
+# serve --spin-us: test_serve_spin; fetch-web: test_fetch_web).
 OPTION_TESTS = ["tests/cli/test_cli.py", "tests/measure/test_eval_compare.py", "tests/serve/test_serve.py",
                 "tests/quantize/test_fp16.py", "tests/web/test_pack_web.py", "tests/web/test_pack_mobile.py",
                 "tests/serve/test_serve_playground.py", "tests/serve/test_serve_hostile.py",
@@ -319,7 +319,7 @@ OPTION_TESTS = ["tests/cli/test_cli.py", "tests/measure/test_eval_compare.py", "
                 "tests/measure/test_classify_compare.py", "tests/quantize/test_int4_mixed.py",
                 "tests/serve/test_serve_chat.py", "tests/quantize/test_quantizers.py",
                 "tests/quantize/test_recipe_search.py", "tests/serve/test_prefix_reuse.py",
-                "tests/web/test_fetch_web.py", "tests/serve/test_serve_spin.py"]
+                "tests/web/test_fetch_web.py", "tests/serve/test_serve_spin.py", "tests/quantize/test_gptq.py"]
 
 
 def test_every_option_is_tested():

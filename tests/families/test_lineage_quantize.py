@@ -254,3 +254,22 @@ def test_awq_on_rmsnorm_is_recorded_as_not_applied(fp32_dirs, root, tmp_path):
              "--calibration-sequences", "2")
     assert json.loads((out / "gptedge.json").read_text())["quantization"]["awq"] is False
     assert "(weight-only, 4-bit, embedding 8-bit): " in said
+
+
+def test_gptq_rounds_every_llama_linear_and_leaves_the_head(fp32_dirs, tmp_path):
+    """--gptq on Llama's Linear layout (separate q / k / v sharing one input, GQA, an untied head): every block
+    linear's blocks differ from the plain rounding's, in the same initializers; the untied head is not touched."""
+    args = ("--method", "weight-only", "--bits", "4", "--calibration", str(ROOT / "samples" / "calibration" /
+            "emma_ch1-4.txt"), "--calibration-length", "32", "--calibration-sequences", "2")
+    quantize(fp32_dirs["gqa2-linear"], tmp_path / "plain", *args)
+    assert "gptq): " in quantize(fp32_dirs["gqa2-linear"], tmp_path / "gptq", *args, "--gptq")
+    plain, rounded = ({t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / d / "model.onnx"),
+                                                                                 ).graph.initializer}
+                      for d in ("plain", "gptq"))
+    assert {n: (a.shape, a.dtype) for n, a in plain.items()} == {n: (a.shape, a.dtype) for n, a in rounded.items()}
+    blocks = [n for n in plain if n.endswith(".q4")]
+    linears = block_linears(2, "llama")
+    assert {n.removesuffix(".weight.q4") for n in blocks} >= set(linears)  # q, k, v, o, gate, up, down per block
+    changed = {n for n in blocks if not np.array_equal(plain[n], rounded[n])}
+    assert {n.removesuffix(".weight.q4") for n in changed} == set(linears)
+    runtime.load(tmp_path / "gptq", device="cpu")

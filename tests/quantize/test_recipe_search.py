@@ -46,9 +46,9 @@ def test_a_loose_budget_takes_the_smallest_and_records_the_search(gpt2_model_dir
     assert result.exit_code == 0, result.output
     m = read_manifest(tmp_path / "q")
     s = m.quantization.search
-    assert s.chosen == "--bits 4 --scale-search mse" and len(s.candidates) == 1 and s.max_kl == 10
+    assert s.chosen == "--bits 4 --gptq" and len(s.candidates) == 1 and s.max_kl == 10
     assert s.prefer == "size"  # the one preference offered (nothing is timed), recorded as given
-    assert (m.quantization.bits, m.quantization.awq, m.quantization.scale_search) == (4, False, "mse")
+    assert (m.quantization.bits, m.quantization.awq, m.quantization.gptq) == (4, False, True)
     c = s.candidates[0]
     assert 0 < c.kl_calibration <= 10 and c.kl_held_out is not None and c.size_bytes > 0
     assert s.calibration_tokens == s.held_out_tokens == 256  # each part capped at MAX_TOKENS
