@@ -1,0 +1,80 @@
+"""The Ray app's arguments (gptedge/serve/ray_app.py parse_args, deployment_options) at each edge: every limit at its
+smallest accepted value and one below it, each type's spellings, the exact error lines. No cluster."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="the [ray] extra is not installed")
+
+from gptedge.serve.ray_app import ReplicaConfig, deployment_options, parse_args  # noqa: E402 - after the skip above
+
+
+def test_defaults():
+    config, replicas = parse_args({"model": "m"})
+    assert config == ReplicaConfig("m") and replicas is None
+    assert (config.threads, config.max_batch, config.max_queue, config.max_tokens_limit, config.device,
+            config.shutdown_timeout, config.model_name, config.api_key) == (1, 8, 64, None, "cpu", 10.0, None, None)
+    assert ReplicaConfig("/a/b/dir").served_name == "dir" and ReplicaConfig("d", model_name="x").served_name == "x"
+
+
+@pytest.mark.parametrize("key, ok, bad, says", [
+    ("threads", 1, 0, "threads must be >= 1"),
+    ("max_batch", 1, 0, "max_batch must be >= 1"),
+    ("max_queue", 0, -1, "max_queue and shutdown_timeout must be >= 0"),
+    ("shutdown_timeout", 0, -0.5, "max_queue and shutdown_timeout must be >= 0"),
+    ("max_tokens_limit", 1, 0, "max_tokens_limit must be >= 1"),
+    ("num_replicas", 1, 0, r"num_replicas must be >= 1 \(or auto\)"),
+])
+def test_each_limit_at_its_edge_and_one_past(key, ok, bad, says):
+    config, replicas = parse_args({"model": "m", key: str(ok)})
+    assert (replicas if key == "num_replicas" else getattr(config, key)) == ok
+    with pytest.raises(ValueError, match=f"^{says}$"):
+        parse_args({"model": "m", key: bad})
+
+
+@pytest.mark.parametrize("value, parsed", [("3", 3), (3, 3), ("3.0", 3), (3.0, 3), ("1e1", 10)])
+def test_integers_as_serve_run_and_yaml_spell_them(value, parsed):
+    config, replicas = parse_args({"model": "m", "max_batch": value, "num_replicas": value})
+    assert config.max_batch == parsed and type(config.max_batch) is int and replicas == parsed
+    assert type(replicas) is int
+
+
+@pytest.mark.parametrize("value", ["3.5", 2.5, True, False, "x", "", [1], "inf", "nan"])
+def test_what_is_not_an_integer(value):
+    with pytest.raises(ValueError, match=rf"^max_batch={re.escape(repr(value))} is not an integer$"):
+        parse_args({"model": "m", "max_batch": value})
+
+
+def test_floats_strings_and_none():
+    config, _ = parse_args({"model": "m", "shutdown_timeout": "2.5", "device": "cuda", "model_name": "n",
+                            "api_key": None, "max_tokens_limit": None})
+    assert (config.shutdown_timeout, config.device, config.model_name, config.api_key, config.max_tokens_limit) == (
+        2.5, "cuda", "n", None, None)
+    assert type(parse_args({"model": "m", "shutdown_timeout": 3})[0].shutdown_timeout) is float
+    with pytest.raises(ValueError, match=r"^shutdown_timeout='soon' is not a number$"):
+        parse_args({"model": "m", "shutdown_timeout": "soon"})
+    assert parse_args({"model": "m", "num_replicas": "auto"})[1] == "auto"
+    with pytest.raises(ValueError, match=r"^num_replicas='many' is not an integer$"):
+        parse_args({"model": "m", "num_replicas": "many"})
+
+
+def test_unknown_and_missing_arguments_are_one_line():
+    with pytest.raises(ValueError, match=r"^unknown argument replicas, thread; known: model, model_name, threads, "
+                                         r"max_batch, max_queue, max_tokens_limit, api_key, device, shutdown_timeout, "
+                                         r"num_replicas$"):
+        parse_args({"model": "m", "thread": 1, "replicas": 2})
+    for args in ({}, {"model": ""}, {"model": None}, {"threads": 1}):
+        with pytest.raises(ValueError, match=r"^model=DIR is required: a gptedge model dir at a path every Ray node "
+                                             r"sees$"):
+            parse_args(args)
+
+
+def test_ray_options_follow_the_config():
+    config = ReplicaConfig("m", threads=3, max_batch=5, shutdown_timeout=1.5)
+    assert deployment_options(config, None) == {"ray_actor_options": {"num_cpus": 3}, "max_ongoing_requests": 5,
+                                                 "graceful_shutdown_timeout_s": 1.5}
+    assert deployment_options(config, "auto")["num_replicas"] == "auto"
+    assert deployment_options(config, 2)["num_replicas"] == 2
