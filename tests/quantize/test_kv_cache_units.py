@@ -103,7 +103,11 @@ def test_absmax_is_the_largest_magnitude_per_head_and_channel_over_windows(monke
             assert past == "past" and np.array_equal(pos[0], np.arange(ids.shape[1])) and mask.sum() == ids.size
             return None, presents[ids.shape[1]]
 
-    monkeypatch.setattr(kv.runtime, "load", lambda model_dir, device: Model())
+    def load(model_dir, device):
+        assert device == "cpu"  # calibration runs the fp32 source on the CPU, whatever the machine has
+        return Model()
+
+    monkeypatch.setattr(kv.runtime, "load", load)
     windows = [np.zeros((1, 3), np.int64), np.zeros((1, 5), np.int64)]
     amax = kv.measure_absmax(None, windows, progress=lambda done, total: seen.append((done, total)))
     assert seen == [(1, 2), (2, 2)]
@@ -123,7 +127,7 @@ def test_scales_map_the_widened_max_to_qmax(name, qmax, margin):
                                rtol=1e-6)
 
 
-def _graph(n_layer: int = 2, gqa_nodes: int | None = None) -> onnx.ModelProto:
+def _graph(n_layer: int = 2, gqa_nodes: int | None = None, gqa_inputs: int = 9) -> onnx.ModelProto:
     """A kv_buffer-shaped graph: past/present (B, nh, T, hs) float per layer, one GroupQueryAttention each
     (inputs q, k, v, past_key, past_value, seqlens_k, total, cos, sin), plus a stale value_info."""
     shape = ["B", N_HEAD, "T", HEAD_DIM]
@@ -137,7 +141,8 @@ def _graph(n_layer: int = 2, gqa_nodes: int | None = None) -> onnx.ModelProto:
                     helper.make_tensor_value_info(C.present_value(i), TensorProto.FLOAT, shape)]
     for i in range(n_layer if gqa_nodes is None else gqa_nodes):
         nodes.append(helper.make_node(
-            "GroupQueryAttention", ["q", "k", "v", C.past_key(i), C.past_value(i), "seqlens", "total", "cos", "sin"],
+            "GroupQueryAttention",
+            ["q", "k", "v", C.past_key(i), C.past_value(i), "seqlens", "total", "cos", "sin"][:gqa_inputs],
             [f"attn{i}", C.present_key(i), C.present_value(i)], domain="com.microsoft", num_heads=N_HEAD))
     nodes.append(helper.make_node("MatMul", ["a", "b"], ["c"]))  # not attention: left alone
     graph = helper.make_graph(nodes, "g", inputs, outputs)
@@ -173,6 +178,16 @@ def test_the_rewrite_retypes_every_cache_tensor_and_adds_two_scales_per_layer(na
         assert attrs == {"num_heads": N_HEAD, "kv_cache_bit_width": KV_CACHES[name].bits,
                          "k_quant_type": b"PER_CHANNEL", "v_quant_type": b"PER_CHANNEL"}
     assert list(g.node[2].input) == ["a", "b"] and not g.node[2].attribute
+
+
+def test_attention_with_exactly_the_cache_inputs_is_rewritten_and_fewer_is_not():
+    """Inputs 3 and 4 are the cache: a node with exactly 5 inputs reads it (its optional ones padded as empty)."""
+    model = _graph(gqa_inputs=5)
+    scales = [np.ones((1, N_HEAD, 1, HEAD_DIM), np.float32)] * 4
+    assert kv.rewrite_kv_cache(model, KV_CACHES["int8"], HEAD_DIM, scales) == 2
+    assert list(model.graph.node[0].input[5:12]) == [""] * 7 and len(model.graph.node[0].input) == 14
+    with pytest.raises(QuantizationError, match="0 GroupQueryAttention nodes read the cache of 2 layers"):
+        kv.rewrite_kv_cache(_graph(gqa_inputs=4), KV_CACHES["int8"], HEAD_DIM, scales)
 
 
 def test_an_fp16_rewrite_adds_no_scales():
