@@ -37,3 +37,18 @@ def test_each_prompt_token_gets_its_own_logprob_and_its_positions_top():
     for bad in (logits[:2], logits[0], logits[None]):  # one row short; (V,); (1, L, V)
         with pytest.raises(ValueError, match=r"^prompt logits .* do not match a prompt of 3 tokens$"):
             prompt_logprobs(bad, [2, 1, 0], 2)
+
+
+def test_every_n_over_a_wide_vocabulary_equals_a_full_sort():
+    logp = np.random.default_rng(3).normal(size=200)
+    order = np.argsort(-logp, kind="stable")
+    for n in range(1, 201):
+        assert list(top_alternatives(logp, n)) == order[:n].tolist(), n
+
+
+def test_a_scored_prompt_is_an_immutable_value():
+    import dataclasses
+
+    scored = prompt_logprobs(np.zeros((2, 3), np.float32), [0, 1], 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        scored.logprobs = ()  # type: ignore[misc]
