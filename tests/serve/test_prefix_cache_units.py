@@ -94,3 +94,10 @@ def test_metrics_lines():
     assert lines[:3] == ["# HELP gptedge_prefix_cache_hits_total Admitted prompts that reused cached prefix blocks.",
                          "# TYPE gptedge_prefix_cache_hits_total counter", "gptedge_prefix_cache_hits_total 2"]
     assert "# TYPE gptedge_prefix_cache_bytes gauge" in lines and len(lines) == 15
+
+
+def test_more_blocks_than_keys_is_an_error_not_a_misaligned_cache():
+    block = np.zeros((2, 1, BLOCK, 1), np.float32)
+    cache = PrefixCache(cap_bytes=1 << 20)
+    with pytest.raises(ValueError):
+        cache.add(block_keys(list(range(BLOCK))), [block, block])
