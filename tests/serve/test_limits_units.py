@@ -164,3 +164,23 @@ def test_the_longest_tokens_bytes():
     assert longest_token_bytes(FakeTokenizer(["", ""]), 2) == 1  # never 0: the limit stays above 0
     assert longest_token_bytes(FakeTokenizer([]), 5) == 1
     assert json.dumps(CLOSE) == '{"Connection": "close"}'
+
+
+def test_a_last_message_without_more_body_ends_the_body():
+    """ASGI's more_body defaults to False: a server that waited for more would answer 408 to every such client."""
+    err, dropped = _read([{"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.request",
+                                                                                          "body": b"c"}])
+    assert err == b"abc" and dropped == Counter()
+    assert _read([{"type": "http.request"}])[0] == b""  # no body key at all: empty
+
+
+def test_json_depth_early_return_is_the_bracket_count_only_up_to_at_most():
+    assert json_depth(b"[][]", at_most=2) == 2  # 2 brackets <= 2: the count (an upper bound), not scanned
+    assert json_depth(b"[][]", at_most=1) == 1  # 2 > 1: scanned, the real depth
+    assert json_depth(b'"[[" ', at_most=0) == 0  # only brackets inside a string: depth 0
+
+
+def test_a_lone_surrogate_in_a_key_is_named_escaped():
+    with pytest.raises(ApiError, match=r"in '\\\\udc80x'$") as e:
+        parse_json(b'{"\\udc80x": 1}', Limits())
+    assert e.value.param == "\\udc80x"
