@@ -119,6 +119,25 @@ def test_the_files_beside_the_graphs(sources):
     assert json.loads((other / "config.json").read_text())["transformers.js_config"] == {"dtype": "fp32"}
 
 
+@pytest.mark.parametrize("recipes, recommended", [
+    ((("weight-only", 4), ("weight-only", 8)), "int8"),  # int8 before q4
+    ((None, ("static", 8)), "uint8"),  # uint8 before fp32
+    (((None,),), "fp32"),
+])
+def test_the_recommended_dtype_is_the_best_packed(sources, recipes, recommended):
+    fp32 = sources["manifests"][0]
+    dirs = []
+    for i, recipe in enumerate(recipes):
+        manifest = fp32 if recipe in (None, (None,)) else dataclasses.replace(
+            fp32, source=Source(fp32_source=Source(sha256=CHECKPOINT)),
+            quantization=Quantization(method=recipe[0], bits=recipe[1]))
+        dirs.append(_source(sources["root"], f"s{i}", manifest))
+    dest = sources["root"] / "site"
+    dest.mkdir()
+    assert web.write_web_model(dirs, dest)["recommended"] == recommended
+    assert json.loads((dest / "config.json").read_text())["transformers.js_config"]["dtype"] == recommended
+
+
 def test_sources_that_are_not_one_model_are_refused(sources, tmp_path):
     fp32, q8, q4 = sources["manifests"]
     root = sources["root"]
