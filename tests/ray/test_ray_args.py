@@ -9,7 +9,13 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the [ray] extra is not installed")
 
-from gptedge.serve.ray_app import ReplicaConfig, deployment_options, parse_args  # noqa: E402 - after the skip above
+from gptedge.serve.ray_app import (  # noqa: E402 - after the skip above
+    ReplicaConfig,
+    ReplicaHeaders,
+    app,
+    deployment_options,
+    parse_args,
+)
 
 
 def test_defaults():
@@ -78,3 +84,48 @@ def test_ray_options_follow_the_config():
                                                  "graceful_shutdown_timeout_s": 1.5}
     assert deployment_options(config, "auto")["num_replicas"] == "auto"
     assert deployment_options(config, 2)["num_replicas"] == 2
+
+
+def test_app_refuses_a_dir_without_a_manifest(tmp_path):
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path))} is not a gptedge model dir \(no gptedge.json\) "
+                                         r"here; every Ray node must see the model dir at this path$"):
+        app({"model": str(tmp_path)})
+    with pytest.raises(ValueError, match="^unknown argument x;"):  # the args are checked first
+        app({"model": str(tmp_path), "x": 1})
+
+
+def test_every_http_response_names_its_replica_and_node():
+    import asyncio
+
+    async def inner(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"a", b"1")]})
+        await send({"type": "http.response.body", "body": b"x"})
+
+    async def run(scope_type):
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        await ReplicaHeaders(inner, "r1", "n\u00e9")({"type": scope_type}, None, send)
+        return sent
+
+    start, body = asyncio.run(run("http"))
+    assert start["headers"] == [(b"a", b"1"), (b"x-gptedge-replica", b"r1"), (b"x-gptedge-node", "n\u00e9".encode())]
+    assert body == {"type": "http.response.body", "body": b"x"}
+    start, _ = asyncio.run(run("lifespan"))  # not HTTP: passed through untouched
+    assert start["headers"] == [(b"a", b"1")]
+
+    async def bare(scope, receive, send):
+        await send({"type": "http.response.start", "status": 204})
+
+    async def run_bare():
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        await ReplicaHeaders(bare, "r", "n")({"type": "http"}, None, send)
+        return sent
+
+    assert asyncio.run(run_bare())[0]["headers"] == [(b"x-gptedge-replica", b"r"), (b"x-gptedge-node", b"n")]
