@@ -94,7 +94,7 @@ class FakeClassifier:
         self.runs = []
 
     def example_rows(self, example):
-        return [[example["id"]]]
+        return [[example["id"]]] * (len(example["choices"]) if self.choice else 1)  # a row a choice
 
     def classify_rows(self, rows, per_run):
         self.runs.append((len(rows), per_run))
@@ -136,6 +136,22 @@ def test_choices_are_columns_as_wide_as_the_most_choices(monkeypatch):
     (row,) = compare_classifiers([clf], labelled, repeats=1)
     assert row.labels == ["choice 0", "choice 1", "choice 2"] and row.accuracy == 1.0
     assert row.confusion == [[0, 0, 0], [0, 1, 0], [0, 0, 1]]
+    # multiple choice: B examples a run of at most N choices each, so 3 rows a run at batch 1 and 96 at 32
+    assert clf.runs == [(2, 32), (1, 3), (2, 3), (2, 96), (2, 96)]
+
+
+def test_speed_is_examples_over_the_median_pass(monkeypatch):
+    monkeypatch.setattr(cc, "graph_size", lambda d, m: 0)
+    ticks = iter([0.0, 1.0, 10.0, 13.0, 20.0, 20.5] * 2)  # timed passes of 1 s, 3 s, 0.5 s: median 1 s
+
+    monkeypatch.setattr(cc.time, "perf_counter", lambda: next(ticks))
+    labelled = cc.LabelledSet([{"id": i} for i in range(4)], [0, 1, 2, 0])
+    clf = FakeClassifier("ref", [[1, 0, 0]] * 4)
+    (row,) = compare_classifiers([clf], labelled, repeats=3)
+    assert (row.examples_per_s_batch1, row.examples_per_s_batch32) == (4.0, 4.0)
+    ticks = iter([5.0, 5.0] * 6)  # a pass that takes no measurable time: a huge figure, never a division by 0
+    rows = compare_classifiers([clf], labelled, repeats=3)
+    assert rows[0].examples_per_s_batch1 == pytest.approx(4e9)
 
 
 ROW = ClassifierRow(model="/x/fp32", task="entailment", precision="fp32", method="fp32", size_bytes=2_500_000,
