@@ -100,6 +100,10 @@ def test_a_claim_the_graph_contradicts_is_a_claims_problem_and_check_model_dir_r
     assert str(caught.value) == f"{d}: {found.problems[0][1].removeprefix(f'{d}: ')}{more}"
 
 
+def test_the_check_names_verify_prints():
+    assert (MANIFEST, FILES, CLAIMS) == ("manifest", "files", "claims")
+
+
 def test_raise_first_names_how_many_more():
     raise_first(Path("m"), [])  # nothing: no error
     with pytest.raises(ModelDirError, match=r"^m: one$"):
