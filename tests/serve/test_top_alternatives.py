@@ -46,6 +46,13 @@ def test_every_n_over_a_wide_vocabulary_equals_a_full_sort():
         assert list(top_alternatives(logp, n)) == order[:n].tolist(), n
 
 
+def test_the_single_most_likely_of_a_gpt2_sized_row_is_its_argmax():
+    """n = 1 over a wide row (the partition's edge: a wrong kth picks an arbitrary token on rows this wide)."""
+    for seed in range(5):
+        logp = np.random.default_rng(seed).normal(size=50257)
+        assert list(top_alternatives(logp, 1)) == [int(np.argmax(logp))]
+
+
 def test_a_scored_prompt_is_an_immutable_value():
     import dataclasses
 
