@@ -93,7 +93,11 @@ def test_metrics_lines():
                       "gptedge_prefix_cache_evictions_total": "0"}
     assert lines[:3] == ["# HELP gptedge_prefix_cache_hits_total Admitted prompts that reused cached prefix blocks.",
                          "# TYPE gptedge_prefix_cache_hits_total counter", "gptedge_prefix_cache_hits_total 2"]
-    assert "# TYPE gptedge_prefix_cache_bytes gauge" in lines and len(lines) == 15
+    assert [ln for ln in lines if ln.startswith("# TYPE")] == [
+        "# TYPE gptedge_prefix_cache_hits_total counter", "# TYPE gptedge_prefix_cache_misses_total counter",
+        "# TYPE gptedge_prefix_cache_saved_tokens_total counter", "# TYPE gptedge_prefix_cache_bytes gauge",
+        "# TYPE gptedge_prefix_cache_evictions_total counter"]  # Prometheus reads a counter's rate, a gauge's value
+    assert len(lines) == 15
 
 
 def test_more_blocks_than_keys_is_an_error_not_a_misaligned_cache():
