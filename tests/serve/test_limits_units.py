@@ -12,6 +12,7 @@ import pytest
 
 from gptedge.serve.limits import (
     CLOSE,
+    DROP_REASONS,
     MAX_JSON_DEPTH,
     ClientGone,
     Limits,
@@ -28,7 +29,7 @@ from gptedge.serve.openai_schema import ApiError
 SMALL = Limits(max_body=10)
 
 
-def _read(chunks, limits=SMALL, headers=None, stopping=lambda: False, delay=0.0):
+def _read(chunks, limits=SMALL, headers=None, stopping=lambda: False, delay=0.0, dropped=None):
     """read_body over `chunks` (bytes, or a dict message) -> (its result or its exception, the drop counter)."""
     messages = [c if isinstance(c, dict) else {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
                 for i, c in enumerate(chunks)]
@@ -38,7 +39,7 @@ def _read(chunks, limits=SMALL, headers=None, stopping=lambda: False, delay=0.0)
             await asyncio.sleep(delay)
         return messages.pop(0)
 
-    dropped = Counter()
+    dropped = Counter() if dropped is None else dropped
 
     async def main():
         try:
@@ -184,3 +185,17 @@ def test_a_lone_surrogate_in_a_key_is_named_escaped():
     with pytest.raises(ApiError, match=r"in '\\\\udc80x'$") as e:
         parse_json(b'{"\\udc80x": 1}', Limits())
     assert e.value.param == "\\udc80x"
+
+
+def test_drops_are_counted_on_top_of_earlier_ones():
+    """/metrics shows gptedge_http_dropped_total{reason=...} for each of DROP_REASONS: a running count, not a flag."""
+    assert DROP_REASONS == ("client_disconnect", "header_timeout", "body_timeout", "body_too_large", "shutdown")
+    cases = [([], {"headers": {"content-length": "11"}}, "body_too_large"),
+             ([b"12345678901"], {}, "body_too_large"),
+             ([{"type": "http.disconnect"}], {}, "client_disconnect"),
+             ([b"1"], {"limits": Limits(max_body=10, body_timeout=0.01), "delay": 1.0}, "body_timeout"),
+             ([b"1"], {"stopping": lambda: True, "delay": 1.0}, "shutdown")]
+    for chunks, kwargs, reason in cases:
+        dropped = Counter({r: 5 for r in DROP_REASONS})
+        _read(chunks, dropped=dropped, **kwargs)
+        assert dropped == Counter({r: 6 if r == reason else 5 for r in DROP_REASONS}), reason
