@@ -70,3 +70,8 @@ def test_dtype_suffixes_are_transformers_js():
     assert DTYPE_SUFFIX == {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "int8": "_int8", "uint8": "_uint8",
                             "q4": "_q4"}
     assert recipe_dtype(FP32) == ("fp32", "fp32")
+
+
+def test_a_readiness_is_an_immutable_value():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        web_readiness(FP32).ready = False  # type: ignore[misc]
