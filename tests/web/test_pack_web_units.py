@@ -164,7 +164,9 @@ def test_sources_that_are_not_one_model_are_refused(sources, tmp_path):
         web.plan([sources["fp32"], sources["q4"]])
     ort = _source(root, "ort", fp32)
     (ort / "model.onnx").write_bytes(b"\x00\x00\x00\x00ORTM" + b"\x00" * 16)
-    with pytest.raises(web.WebPackError, match=r"ort: its graph model.onnx is in the ORT format \(a mobile pack\)"):
+    with pytest.raises(web.WebPackError, match=r"ort: its graph model.onnx is in the ORT format \(a mobile pack\), "
+                                               r"which onnxruntime-web does not load from a transformers.js folder: "
+                                               r"pack the model dir it was made from$"):
         web.plan([ort])
     assert [g.dtype for g in web.plan([sources["q8"], sources["fp32"]])] == ["q8", "fp32"]
 
