@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -143,21 +144,21 @@ def test_sources_that_are_not_one_model_are_refused(sources, tmp_path):
     root = sources["root"]
     cases = [
         ([sources["fp32"], _source(root, "fp32b", fp32)], r"fp32b and .*fp32 are both transformers.js dtype 'fp32': "
-                                                          r"pack them into separate folders"),
+                                                          r"pack them into separate folders$"),
         ([sources["fp32"], _source(root, "wide", dataclasses.replace(q8, shape=ModelShape("gpt2", 2, 4, 16, 100,
                                                                                             64)))],
          r"wide is not the same model as .*fp32 \(shape"),
         ([sources["fp32"], _source(root, "other", dataclasses.replace(q8, source=Source(sha256="cd" * 32)))],
          r"other and .*fp32 come from different checkpoints \(weights SHA-256 cdcdcdcdcdcdcdcd vs "
-         r"abababababababab\): pack them into separate folders"),
+         r"abababababababab\): pack them into separate folders$"),
         ([sources["fp32"], _source(root, "unrecorded", dataclasses.replace(q8, source=Source()))],
          r"come from different checkpoints \(weights SHA-256 not recorded vs abababababababab\)"),
         ([sources["fp32"], _source(root, "tok", q8, tokenizer='{"x": 1}')],
-         r"tok and .*fp32 have different tokenizer.json files"),
+         r"tok and .*fp32 have different tokenizer.json files$"),
         ([_source(root, "kvb", dataclasses.replace(fp32, graph="kv_buffer"))], r"kvb: not web-ready: a kv_buffer"),
     ]
-    for dirs, message in cases:
-        with pytest.raises(web.WebPackError, match=message):
+    for dirs, message in cases:  # each line starts with the source's path
+        with pytest.raises(web.WebPackError, match=f"^{re.escape(str(root))}/{message}"):
             web.plan(dirs)
     (sources["q4"] / "tokenizer.json").unlink()
     with pytest.raises(web.WebPackError, match=r"q4/tokenizer.json: No such file or directory$"):
