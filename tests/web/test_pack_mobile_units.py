@@ -16,8 +16,6 @@ from onnx import TensorProto, helper, numpy_helper
 from gptedge.pack import mobile
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, Manifest, ModelShape
 
-pytestmark = pytest.mark.slow  # onnxruntime's converter runs for real: seconds a test
-
 MANIFEST = Manifest(ModelShape("gpt2", 2, 4, 8, 100, 64))
 
 
