@@ -79,7 +79,9 @@ def test_dirs_that_cannot_share_a_table_are_refused():
                                                    r"entailment: only dirs of one task"):
         check_classifier_dirs([("a", _manifest(ENTAILMENT)), ("b", _manifest(CHOICE))])
     other = dataclasses.replace(ENTAILMENT, id2label={"0": "no", "1": "maybe", "2": "yes"})
-    with pytest.raises(InvalidArgumentError, match=r"^b has the labels \['no', 'maybe', 'yes'\], the reference a "):
+    with pytest.raises(InvalidArgumentError, match=r"^b has the labels \['no', 'maybe', 'yes'\], the reference a "
+                                                   r"\['contradiction', 'neutral', 'entailment'\]: only dirs with one "
+                                                   r"label set can be compared$"):
         check_classifier_dirs([("a", _manifest(ENTAILMENT)), ("b", _manifest(other))])
 
 
