@@ -73,10 +73,12 @@ def _manifest(task, **kw) -> Manifest:
 
 def test_dirs_that_cannot_share_a_table_are_refused():
     assert check_classifier_dirs([("a", _manifest(ENTAILMENT)), ("b", _manifest(ENTAILMENT))]) is ENTAILMENT
-    with pytest.raises(InvalidArgumentError, match=r"^lm is a language model and a a classifier: compare takes"):
+    with pytest.raises(InvalidArgumentError, match=r"^lm is a language model and a a classifier: compare takes "
+                                                   r"language-model dirs \(--text\) or classifier dirs \(--labelled\), "
+                                                   r"not both$"):
         check_classifier_dirs([("a", _manifest(ENTAILMENT)), ("lm", _manifest(None))])
     with pytest.raises(InvalidArgumentError, match=r"^b is a classifier for task multiple-choice, the reference a for "
-                                                   r"entailment: only dirs of one task"):
+                                                   r"entailment: only dirs of one task can be compared$"):
         check_classifier_dirs([("a", _manifest(ENTAILMENT)), ("b", _manifest(CHOICE))])
     other = dataclasses.replace(ENTAILMENT, id2label={"0": "no", "1": "maybe", "2": "yes"})
     with pytest.raises(InvalidArgumentError, match=r"^b has the labels \['no', 'maybe', 'yes'\], the reference a "
