@@ -129,3 +129,11 @@ def test_every_http_response_names_its_replica_and_node():
         return sent
 
     assert asyncio.run(run_bare())[0]["headers"] == [(b"x-gptedge-replica", b"r"), (b"x-gptedge-node", b"n")]
+
+
+def test_a_replica_config_is_immutable():
+    """Every replica gets the one config object Ray pickles from the builder: none may change it."""
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ReplicaConfig("m").threads = 4  # type: ignore[misc]
