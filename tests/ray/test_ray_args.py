@@ -132,7 +132,7 @@ def test_every_http_response_names_its_replica_and_node():
 
 
 def test_a_replica_config_is_immutable():
-    """Every replica gets the one config object Ray pickles from the builder: none may change it."""
+    """A config is a value (app() makes the resolved one with dataclasses.replace), never edited in place."""
     import dataclasses
 
     with pytest.raises(dataclasses.FrozenInstanceError):
