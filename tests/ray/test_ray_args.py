@@ -137,3 +137,41 @@ def test_a_replica_config_is_immutable():
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         ReplicaConfig("m").threads = 4  # type: ignore[misc]
+
+
+def test_a_replica_serves_its_config(gpt2_model_dir, monkeypatch):
+    """The replica class itself (what Ray instantiates), outside a cluster: Ray's context replaced by fakes."""
+    from types import SimpleNamespace
+
+    from gptedge.serve import ray_app
+
+    monkeypatch.setattr(ray_app.serve, "get_replica_context",
+                        lambda: SimpleNamespace(replica_id=SimpleNamespace(unique_id="rep-7")))
+    monkeypatch.setattr(ray_app.ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: "node" * 8))
+    monkeypatch.setenv("GPTEDGE_API_KEY", "from-env")
+    wrapped = ray_app.GptEdgeReplica.func_or_class  # serve.ingress' subclass; ours is the one defining the app
+    cls = next(c for c in wrapped.__mro__ if "__serve_build_asgi_app__" in c.__dict__)
+    replica = cls(ReplicaConfig(str(gpt2_model_dir), max_batch=3, max_queue=5, max_tokens_limit=7))
+    try:
+        state = replica.state
+        assert (replica.engine.max_batch, replica.engine.max_queue) == (3, 5)
+        assert (state.name, state.api_key, state.served.max_tokens_limit) == (gpt2_model_dir.name, "from-env", 7)
+        assert state.served.engine is replica.engine and (replica.replica_id, replica.node_id) == ("rep-7", "node" * 8)
+        asgi = replica.__serve_build_asgi_app__()
+        assert isinstance(asgi, ReplicaHeaders)
+        assert asgi.headers == [(b"x-gptedge-replica", b"rep-7"), (b"x-gptedge-node", b"node" * 8)]
+    finally:
+        replica.__del__()
+    assert state.stopping is True and not replica.engine._thread.is_alive()
+    monkeypatch.delenv("GPTEDGE_API_KEY")
+    other = cls(ReplicaConfig(str(gpt2_model_dir), model_name="served", api_key="k"))
+    try:
+        context = other.engine.model.manifest.shape.context_length
+        assert (other.state.name, other.state.api_key, other.state.served.max_tokens_limit) == ("served", "k", context)
+    finally:
+        other.__del__()
+    keyless = cls(ReplicaConfig(str(gpt2_model_dir), api_key=""))
+    try:
+        assert keyless.state.api_key is None  # an empty key is no key, not a key every client must send empty
+    finally:
+        keyless.__del__()
