@@ -94,6 +94,10 @@ def test_app_refuses_a_dir_without_a_manifest(tmp_path):
         app({"model": str(tmp_path), "x": 1})
 
 
+def test_app_takes_a_model_dir_every_node_sees(gpt2_model_dir):
+    assert app({"model": str(gpt2_model_dir), "num_replicas": "2"}) is not None
+
+
 def test_every_http_response_names_its_replica_and_node():
     import asyncio
 
