@@ -6,10 +6,12 @@ operator config's header naming model.ort. (test_pack_mobile.py packs real model
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -54,6 +56,8 @@ def test_a_mobile_pack_is_converted_for_its_platform_and_records_what_it_wrote(s
     assert (pack["format"], pack["target"], pack["platform"], pack["model"]) == (1, "mobile", platform, "model.ort")
     assert pack["bytes"] == (dest / "model.ort").stat().st_size and (dest / "model.ort").read_bytes()[4:8] == b"ORTM"
     assert pack["operators"] == ["ai.onnx:MatMul", "ai.onnx:Relu"]
+    assert pack["converter"] == (f"onnxruntime {onnxruntime.__version__} convert_onnx_models_to_ort (optimization "
+                                 "style Fixed, level all, type reduction)")
     assert (pack["source"], pack["source_manifest"], pack["operators_config"]) == (
         str(source.resolve()), MANIFEST_NAME, "required_operators_and_types.config")
     config = (dest / "required_operators_and_types.config").read_text()
@@ -93,7 +97,8 @@ def test_what_the_ort_format_cannot_hold_is_refused(source, tmp_path, monkeypatc
     with pytest.raises(mobile.MobilePackError, match=r"its graph model.onnx is already in the ORT format"):
         mobile.write_mobile_model(source, tmp_path)
     (source / "model.onnx").write_bytes(b"not a graph")
-    with pytest.raises(mobile.MobilePackError, match=r"model.onnx: onnxruntime's ORT format converter failed: "):
+    with pytest.raises(mobile.MobilePackError, match=rf"^{re.escape(str(source))}/model.onnx: onnxruntime's ORT "
+                                                     r"format converter failed: \S"):
         mobile.write_mobile_model(source, tmp_path / "x")
 
 
@@ -103,3 +108,16 @@ def test_the_operators_config_is_read_as_domain_and_op(tmp_path):
                       "Relu\ncom.microsoft;1;MatMulNBits,Gelu\nai.onnx;13;Relu\n")
     assert mobile._operators(config) == ["ai.onnx:MatMul", "ai.onnx:Relu", "com.microsoft:Gelu",
                                          "com.microsoft:MatMulNBits"]
+
+
+def test_the_size_limit_counts_the_graph_and_its_external_data(source, tmp_path, monkeypatch):
+    weight = numpy_helper.from_array(np.ones((2, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [weight])
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source / "model.onnx"),
+                    save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    both = (source / "model.onnx").stat().st_size + (source / "model.onnx.data").stat().st_size
+    monkeypatch.setattr(mobile, "ORT_FORMAT_LIMIT", both - 1)  # the graph alone fits; with its data it does not
+    with pytest.raises(mobile.MobilePackError, match="the ORT format holds at most 2 GB"):
+        mobile.write_mobile_model(source, tmp_path)
