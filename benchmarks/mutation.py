@@ -44,7 +44,7 @@ EQUIVALENTS = ROOT / "benchmarks" / "mutation_equivalent.toml"
 # setuptools' package-dir mapping (pyproject): in the copy, gptedge.runtime etc. are reached through links.
 SUBPACKAGES = {"export": "export", "runtime": "runtime", "quantize": "quantize"}
 PRELOAD = ("numpy", "onnxruntime", "tokenizers", "click", "pytest", "hypothesis", "torch", "onnx", "safetensors",
-           "transformers", "starlette", "httpx", "uvicorn", "openai")
+           "transformers", "starlette", "httpx", "uvicorn", "openai", "ray.serve")
 
 
 def load_config() -> dict[str, list[str]]:
