@@ -24,6 +24,10 @@ PREFILL_CHUNK = 256
 # system prompts and conversations, for less than a --max-batch 8 pool's own cache may touch (16 rows x 72 MiB).
 PREFIX_CACHE_MB = 256
 
+# One rule for empty stop strings (the API's stop=, `generate --stop`, the server's `stop` field): refused, never
+# silently dropped.
+EMPTY_STOP = "a stop string is empty (it would end the text before it starts); leave it out"
+
 
 def is_count(value) -> bool:
     """An integer as callers hold one: int or a numpy integer (numbers.Integral, without importing numpy), never a
