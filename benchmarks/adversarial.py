@@ -60,7 +60,11 @@ class Hang(BaseException):
     """Raised by SIGALRM inside a case that ran past its time limit."""
 
 
+ALARMED = []  # set when a case's time ran out: the CLI's handler may have turned the Hang into an error line
+
+
 def _alarm(signum, frame):
+    ALARMED.append(True)
     raise Hang()
 
 
@@ -122,7 +126,7 @@ def run_cli(case: Case, ctx) -> Outcome:
 
     args = [a.format(**ctx.paths) if isinstance(a, str) else a for a in case.what]
     runner = CliRunner()
-    result = runner.invoke(main, args, catch_exceptions=True)
+    result = runner.invoke(main, args, catch_exceptions=True, prog_name="gptedge")
     return judge_cli(case, result.exit_code, result.stderr, result.stdout, result.exception, ctx)
 
 
@@ -194,6 +198,7 @@ def run_case(case: Case, ctx) -> Outcome:
     ctx.new_case_dir(case)
     before = snapshot(ctx.protected)
     signal.signal(signal.SIGALRM, _alarm)
+    ALARMED.clear()
     signal.alarm(case.timeout_s)
     try:
         outcome = RUNNERS[case.kind](case, ctx)
@@ -204,6 +209,8 @@ def run_case(case: Case, ctx) -> Outcome:
         traceback.print_exc()
     finally:
         signal.alarm(0)
+    if ALARMED:
+        outcome = Outcome("hang", f"past {case.timeout_s} s")
     if outcome.verdict != "hang":
         after = snapshot(ctx.protected)
         if after != before:

@@ -40,7 +40,7 @@ def test_a_checkpoint_declaring_one_token_twice_is_refused(source):
 
 
 @pytest.mark.parametrize("given, ids", [(None, (START, DELIM, EXTRACT)),
-                                        ({"delimiter": EXTRACT - 1}, (START, DELIM, EXTRACT)),  # one id from the extract token
+                                        ({"delimiter": EXTRACT - 1}, (START, DELIM, EXTRACT)),  # one id off
                                         ({"delimiter": 13}, (START, 13, EXTRACT))])
 def test_distinct_tokens_still_pass(source, given, ids):
     path, tok = source

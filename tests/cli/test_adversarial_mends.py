@@ -1,0 +1,34 @@
+"""What the adversarial pass (benchmarks/adversarial.py) found and this file pins (issue #35): a JSONL line nested
+past Python's recursion limit is one line naming it (was RecursionError, "unexpected"); `gptedge info` shows a
+classifier dir's manifest (was refused as "not a language model"). The pass itself, on a small subset:
+test_adversarial_smoke below."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from gptedge.cli import main
+from gptedge.runtime.errors import InvalidArgumentError
+from gptedge.runtime.modeldir.tasks import read_jsonl
+
+
+@pytest.mark.parametrize("opener", ["[", '{"a":'])
+def test_a_jsonl_line_nested_past_the_recursion_limit_is_one_line(opener):
+    closer = "]" if opener == "[" else "}"
+    deep = opener * 100_000 + "1" + closer * 100_000
+    with pytest.raises(InvalidArgumentError, match=r"^x.jsonl line 2: JSON nested too deeply to be an example$"):
+        read_jsonl('{"text": "a"}\n' + deep + "\n", "x.jsonl")
+    shallow = '{"text": ' + "[" * 50 + "1" + "]" * 50 + "}"  # well inside the limit: read as it is
+    assert read_jsonl(shallow + "\n")[0]["text"] == json.loads(shallow)["text"]
+    assert sys.getrecursionlimit() < 100_000
+
+
+def test_info_shows_a_classifier_dirs_manifest(runner, task_dirs):
+    result = runner.invoke(main, ["info", str(task_dirs["gpt2-seq"]), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["manifest"]["task"]["name"] == "entailment" and shown["genai_ready"] is False
+    assert shown["web_ready"] is False and "classifier" in shown["web"]
