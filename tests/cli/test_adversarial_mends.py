@@ -61,3 +61,23 @@ def test_a_chat_template_that_does_not_parse_fails_the_dir_checks(tmp_path):
     (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content ")
     assert _chat_template(tmp_path) == ["chat_template.jinja: the chat template does not parse: unexpected end of "
                                         "template, expected 'end of print statement'."]
+
+
+def test_a_web_pack_left_by_a_killed_server_is_swept_and_a_live_ones_is_kept(tmp_path):
+    """serve --web auto packs the model into gptedge-web-PID-*; SIGKILL skips its cleanup. The next start removes
+    the folders of processes that are gone, never a live server's, nor a folder of another shape."""
+    import os
+    import subprocess
+
+    pytest.importorskip("starlette")
+    from gptedge.serve.playground import sweep_stale_web_folders
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dead, live, other = (tmp_path / f"gptedge-web-{gone}-abc", tmp_path / f"gptedge-web-{os.getpid()}-def",
+                         tmp_path / "gptedge-web-xyz")
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(b"x" * 10)
+    assert sweep_stale_web_folders(tmp_path) == [dead]
+    assert not dead.exists() and live.is_dir() and other.is_dir()
