@@ -127,6 +127,8 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         raise click.UsageError(f"--kv-cache {kv_cache} needs --calibration TEXT_FILE (its scales are measured)")
     check_output(out, force, inputs=[model, calibration])
     text = read_text(calibration) if calibration else None
+    if text is not None and recipe is not None and recipe.method == "static" and _given("calibration_sequences"):
+        _check_windows(model, text, recipe)
     q = import_extra("gptedge.quantize.quantizer", "quantize")
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
                                     progress=progress("calibrating"), kv_cache=kv_cache)
@@ -145,6 +147,22 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
     diag(f"quantized {model} -> {out} ({done}; vs fp32 on seeded ids ({check.device}): "
          f"top-1 {check.top1_agreement:.2%}, max |logit diff| {check.max_abs_logit_diff:.3g}"
          + ("" if check.greedy_agreement is None else f", greedy {check.greedy_agreement:.0%} identical"))
+
+
+def _check_windows(model: str, text: str, recipe: QuantizeRecipe) -> None:
+    """--calibration-sequences N asks for N windows of --calibration-length tokens: more than the text holds would
+    calibrate on as many overlapping windows as it has start positions (minutes on a short text), not N."""
+    from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
+
+    try:
+        tokens = len(encode(load_tokenizer(model), text))
+    except (GptEdgeError, OSError):
+        return  # the quantizer's own checks say what is wrong with the dir
+    holds = max(0, tokens - recipe.calibration_length + 1)
+    if recipe.calibration_sequences > holds:
+        raise click.UsageError(f"--calibration-sequences {recipe.calibration_sequences}: the calibration text "
+                               f"({tokens} tokens) holds {holds} windows of {recipe.calibration_length} tokens; give "
+                               "fewer sequences or a longer text")
 
 
 def _given(name: str) -> bool:

@@ -54,3 +54,21 @@ def test_the_same_options_to_a_method_that_reads_them_run(runner, gpt2_model_dir
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q"), *options])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "q" / "gptedge.json").is_file()
+
+
+@pytest.mark.parametrize("extra, code", [(0, 0), (1, 2)], ids=["as-many-windows-as-the-text-holds", "one-more"])
+def test_calibration_sequences_past_what_the_text_holds_are_refused(runner, gpt2_model_dir, tmp_path, extra, code):
+    """Was: --calibration-sequences 100000 on a short text calibrated for minutes on overlapping windows."""
+    from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
+
+    text = tmp_path / "short.txt"
+    text.write_text(open(CALIBRATION, encoding="utf-8").read()[:700], encoding="utf-8")
+    holds = len(encode(load_tokenizer(gpt2_model_dir), text.read_text(encoding="utf-8"))) - 128 + 1
+    assert 2 <= holds <= 60
+    result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q"), "--method", "static",
+                                  "--calibration", str(text), "--calibration-sequences", str(holds + extra)])
+    assert result.exit_code == code, result.output
+    if code:
+        assert result.output.startswith(f"Error: --calibration-sequences {holds + 1}: the calibration text "), \
+            result.output
+        assert f"holds {holds} windows of 128 tokens" in result.output and not (tmp_path / "q").exists()
