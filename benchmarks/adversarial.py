@@ -93,7 +93,8 @@ def judge_cli(case: Case, code: int, stderr: str, stdout: str, exc, ctx) -> Outc
     errors = one_error_line(stderr)
     if exc is not None and not isinstance(exc, SystemExit):
         return Outcome("traceback", f"{type(exc).__name__}: {str(exc)[:150]}")
-    if "Traceback (most recent call last)" in stderr or any("unexpected " in e for e in errors):
+    # the CLI's handler words an exception it has no line for as "unexpected TYPE: ... (gptedge --debug ...)"
+    if "Traceback (most recent call last)" in stderr or any("--debug COMMAND" in e for e in errors):
         return Outcome("traceback", (errors or [stderr[-200:]])[0][:200])
     if case.expect == "ok":
         if code != 0:
