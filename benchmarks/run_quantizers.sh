@@ -22,7 +22,9 @@ for bits in 4 8; do
       args=(--bits "$bits")
       case $search in mse) args+=(--scale-search mse);; awq) args+=(--awq);; mse-awq) args+=(--scale-search mse --awq);; esac
       [ -z "$cache" ] || args+=(--kv-cache int8)
-      x "$name" $G quantize "$W/fp32" -o "$W/$name" --method weight-only "${args[@]}" --calibration "$CAL"
+      # --calibration only where something reads it (quantize refuses an option that does nothing)
+      [[ "$search" != *awq* && -z "$cache" ]] || args+=(--calibration "$CAL")
+      x "$name" $G quantize "$W/fp32" -o "$W/$name" --method weight-only "${args[@]}"
       dirs+=("$name")
     done
   done

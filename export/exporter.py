@@ -21,7 +21,7 @@ from gptedge import __version__, runtime
 from gptedge.atomic import atomic_output_dir, check_output
 from gptedge.onnx_files import WeightSink, save_onnx
 from gptedge.runtime.contract import GRAPH_KV_BUFFER, GRAPH_STANDARD, IONames
-from gptedge.runtime.errors import CheckpointError
+from gptedge.runtime.errors import CheckpointError, InvalidArgumentError
 from gptedge.runtime.modeldir.chat_template import CHAT_TEMPLATE_FILE, find_chat_template, special_tokens
 from gptedge.runtime.checks.fingerprint import record_fingerprint
 from gptedge.runtime.modeldir.genai_config import TOKENIZER_CONFIG, write_genai_files
@@ -54,7 +54,7 @@ BIG_MODEL_GREEDY_TOKENS = 16
 def check_opset(opset: int) -> None:
     newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= newest:
-        raise CheckpointError(f"opset {opset} is not supported: choose {MIN_OPSET}..{newest}")
+        raise InvalidArgumentError(f"opset {opset} is not supported: choose {MIN_OPSET}..{newest}")  # exit 2
 
 
 def weight_bytes(reference: GPT) -> int:

@@ -91,6 +91,12 @@ def special_tokens(roles: tuple[str, ...], source: Path, tokenizer, vocab_size: 
             raise CheckpointError(f"{source}: the {role} token id {tid} is outside the model's vocabulary "
                                   f"(0..{vocab_size - 1})")
         ids[role] = tid
+    for i, first in enumerate(ids):  # a delimiter equal to the extract token would split the text at the head
+        for second in list(ids)[i + 1:]:
+            if ids[first] == ids[second]:
+                error = InvalidArgumentError if first in given or second in given else CheckpointError
+                raise error(f"{source}: the {first} and {second} tokens are the same token (id {ids[first]}): task "
+                            f"{task} needs a token of its own for each role")
     return SpecialTokens(**ids)
 
 

@@ -25,7 +25,7 @@ from onnx import TensorProto, numpy_helper
 
 from gptedge import runtime
 from gptedge.runtime import contract as C
-from gptedge.runtime.errors import QuantizationError
+from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.modeldir.kv_cache import DEFAULT_KV_CACHE, KVCacheKind, kv_cache_kind
 from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
 
@@ -49,11 +49,11 @@ def check_kv_cache(name: str, graph: str, half_precision: bool) -> KVCacheKind:
     kind = kv_cache_kind(name, QuantizationError)
     if name == DEFAULT_KV_CACHE:
         return kind
-    if graph != C.GRAPH_KV_BUFFER:
-        raise QuantizationError(f"--kv-cache {name} needs a kv_buffer graph (export --graph kv_buffer); "
+    if graph != C.GRAPH_KV_BUFFER:  # a wrong command line for this dir (exit 2), as an option that does nothing
+        raise InvalidArgumentError(f"--kv-cache {name} needs a kv_buffer graph (export --graph kv_buffer); "
                                 f"this one is {graph}")
     if half_precision:
-        raise QuantizationError(f"--kv-cache {name} applies to graphs that compute in fp32; an fp16 graph's cache "
+        raise InvalidArgumentError(f"--kv-cache {name} applies to graphs that compute in fp32; an fp16 graph's cache "
                                 "is fp16 already")
     return kind
 

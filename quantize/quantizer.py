@@ -28,6 +28,7 @@ from gptedge.runtime.modeldir.manifest import (Fingerprint, Manifest, Parity, Qu
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 from gptedge.runtime.modeldir.chat_template import CHAT_TEMPLATE_FILE
 from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
+from gptedge.runtime.modeldir.onnx_wire import is_ort_format
 
 from . import kv_cache as kv
 from .base import Method, Quantized, QuantizeJob
@@ -72,6 +73,9 @@ def _check_source(model_dir: Path) -> Manifest:
     if manifest.kv_cache != kv.DEFAULT_KV_CACHE:
         raise QuantizationError(f"{model_dir} already stores its KV cache as {manifest.kv_cache}; quantize its fp32 "
                                 "source instead")
+    if is_ort_format(model_dir / manifest.model_file):  # onnx cannot parse a flatbuffer: a DecodeError otherwise
+        raise QuantizationError(f"{model_dir}: its graph {manifest.model_file} is in the ORT format (a mobile pack), "
+                                "which quantize cannot read: quantize the model dir it was made from")
     return manifest
 
 

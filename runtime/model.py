@@ -25,7 +25,7 @@ from .errors import InvalidArgumentError, ModelDirError
 from .generation.arguments import check_bool, check_ids, check_options, check_stop, check_text
 from .generation.beam_search import BeamOptions, BeamResult, beam_search
 from .generation.generation import Generation, run_generation
-from .generation.generation_options import PREFILL_CHUNK
+from .generation.generation_options import PREFILL_CHUNK, is_count
 from .generation.sampling import SamplingParams
 from .graphs.graph_variant import GraphVariant, variant_for
 from .graphs.cuda_graph import decode_graph_bytes
@@ -121,8 +121,7 @@ class LoadedModel:
                     params: SamplingParams):
         stop = check_stop(stop)
         ignore_eos = check_bool(ignore_eos, "ignore_eos")
-        if prefill_chunk is not None and not (isinstance(prefill_chunk, int) and prefill_chunk >= 1):
-            raise InvalidArgumentError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
+        prefill_chunk = check_prefill_chunk(prefill_chunk)
         ids = [self._prompt_ids(p) for p in prompts]
         m = self.manifest
         pad = m.pad_id if m.pad_id is not None else (m.eos_id or 0)
@@ -165,6 +164,7 @@ class LoadedModel:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
             raise TypeError(f"beam_search() takes a list of prompts, got {type(prompts).__name__}")
         options = BeamOptions(num_beams, length_penalty, early_stopping, num_return_sequences)
+        prefill_chunk = check_prefill_chunk(prefill_chunk)
         ids = [self._prompt_ids(p) for p in prompts]
         m = self.manifest
         pad = m.pad_id if m.pad_id is not None else (m.eos_id or 0)
@@ -183,6 +183,13 @@ class LoadedModel:
         sampling: a SamplingParams, or its fields as keywords."""
         return GenerationStream(self._generation([prompt], max_new_tokens, stop, True, False, prefill_chunk,
                                                  sampling_params(sampling, fields)))
+
+
+def check_prefill_chunk(prefill_chunk) -> int | None:
+    """prefill_chunk: None (the whole prompt in one run) or an integer >= 1 (a numpy one too; never True)."""
+    if prefill_chunk is not None and not (is_count(prefill_chunk) and prefill_chunk >= 1):
+        raise InvalidArgumentError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
+    return None if prefill_chunk is None else int(prefill_chunk)
 
 
 def sampling_params(sampling: SamplingParams | None, fields: dict) -> SamplingParams:

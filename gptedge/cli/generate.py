@@ -7,7 +7,7 @@ import json
 import click
 
 from gptedge import runtime
-from gptedge.runtime.generation.generation_options import BeamOptions, SamplingParams
+from gptedge.runtime.generation.generation_options import EMPTY_STOP, BeamOptions, SamplingParams
 from gptedge.sample import sample_model_dir
 
 from .group import command
@@ -58,12 +58,19 @@ def _print_beams(loaded, prompt: str, max_new_tokens: int, beams: BeamOptions, a
         click.echo(text)
 
 
+def stop_strings(ctx, param, value):
+    """click callback: --stop values are UTF-8 text and never empty (the API's and the server's rule)."""
+    if "" in utf8_text(ctx, param, value):
+        raise click.BadParameter(EMPTY_STOP, ctx=ctx, param=param)
+    return value
+
+
 @command()
 @click.argument("model", required=False, type=click.Path(path_type=str))
 @click.option("-p", "--prompt", required=True, callback=utf8_text, help="Text to continue (valid UTF-8).")
 @click.option("-n", "--max-new-tokens", default=64, show_default=True, type=count(1))
 @sampling_options
-@click.option("--stop", multiple=True, callback=utf8_text, help="Stop string (repeatable); the text ends before it.")
+@click.option("--stop", multiple=True, callback=stop_strings, help="Stop string (repeatable); the text ends before it.")
 @device_option
 @threads_option
 @beam_options

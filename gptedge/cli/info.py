@@ -4,12 +4,14 @@ has registered (families, graph variants, quantization methods, peer engines).""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from gptedge.measure.peers import bench_names, compare_names
 from gptedge import runtime
-from gptedge.runtime.modeldir.genai_config import genai_readiness
+from gptedge.runtime.modeldir.genai_config import GenAIReadiness, genai_readiness
+from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, read_manifest
 from gptedge.runtime.registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
 from gptedge.runtime.graphs.session import available_providers, provider_report
 from gptedge.runtime.modeldir.web_ready import web_readiness
@@ -32,8 +34,13 @@ def info(model: str, device: str) -> None:
     """Print the manifest of MODEL, the execution providers available and used (with their options, and the GPU
     when CUDA is one), whether ONNX Runtime GenAI and a web browser (pack --target web) can run it, and the families,
     graph variants, quantization methods and peer engines this install has."""
-    loaded = runtime.load(model, device=device)
-    genai = genai_readiness(model, loaded.manifest)
+    # A classifier dir (export --task) loads through its own front door, with the same checks (issue #35).
+    classifier = (Path(model) / MANIFEST_NAME).is_file() and read_manifest(model).task is not None
+    loaded = runtime.load_classifier(model, device=device) if classifier else runtime.load(model, device=device)
+    if classifier:  # GenAI runs language models only
+        genai = GenAIReadiness(False, "a classifier dir (export --task): ONNX Runtime GenAI runs language models")
+    else:
+        genai = genai_readiness(model, loaded.manifest)
     web = web_readiness(loaded.manifest)
     click.echo(json.dumps({"model_dir": model, "manifest": loaded.manifest.to_dict(),
                            "kv_cache": loaded.manifest.kv_cache,  # absent from a manifest when fp32

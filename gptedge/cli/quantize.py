@@ -10,12 +10,23 @@ from __future__ import annotations
 import click
 
 from gptedge.atomic import check_output
+from gptedge.runtime.errors import GptEdgeError
 from gptedge.runtime.modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES
+from gptedge.runtime.modeldir.manifest import read_manifest
 from gptedge.runtime.modeldir.recipe import ACTIVATION_SCALES, SCALE_SEARCHES, QuantizeRecipe
 from gptedge.runtime.registry import QUANTIZATION_METHODS
 
 from .group import command
 from .options import FORCE_HELP, count, diag, grouped, import_extra, progress, read_text, registry_choice
+
+# Options the recipe always carries a default for, by the methods that read them: given on the command line to
+# any other method they would do nothing, so they are refused (exit 2) rather than silently ignored.
+_READ_BY = {"per_channel": ("--per-channel/--per-tensor", ("dynamic", "static")),
+            "reduce_range": ("--reduce-range/--full-range", ("dynamic",)),
+            "activation_scale": ("--activation-scale", ("dynamic",)),
+            "block_size": ("--block-size", ("weight-only",)), "accuracy_level": ("--accuracy-level", ("weight-only",)),
+            "scale_search": ("--scale-search", ("weight-only",)), "awq": ("--awq", ("weight-only",)),
+            "keep_8bit": ("--keep-8bit", ("weight-only",))}
 
 # Options that only some methods take, and which (from their registry lines).
 _TAKEN_BY = {"--bits": lambda e: len(e.bits) > 1, "--embedding-bits": lambda e: len(e.bits) > 1,
@@ -103,11 +114,14 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
     """Write an INT8 (weight-only INT4, or fp16) variant of the fp32 model dir MODEL into OUT; the manifest
     records the recipe. --kv-cache (kv_buffer graphs) also stores the KV cache in fewer bytes, with or
     without --method. --max-kl K picks the recipe itself (and records its search in the manifest)."""
+    if max_kl is None and _given("prefer"):
+        raise click.UsageError("--prefer applies to --max-kl only")
     if max_kl is not None:
         _search(model, out, recipe, calibration, kv_cache, max_kl, prefer, force)
         return
     if recipe is None and kv_cache == DEFAULT_KV_CACHE:
         raise click.UsageError("--method is required (or --kv-cache, to change the cache alone)")
+    _refuse_options_that_do_nothing(model, recipe, calibration, kv_cache)
     if recipe is not None and calibration is None and QUANTIZATION_METHODS.entry(recipe.method).calibrated:
         raise click.UsageError(f"--method {recipe.method} needs --calibration TEXT_FILE")
     if recipe is not None and recipe.awq and calibration is None:
@@ -118,6 +132,8 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         raise click.UsageError(f"--kv-cache {kv_cache} needs --calibration TEXT_FILE (its scales are measured)")
     check_output(out, force, inputs=[model, calibration])
     text = read_text(calibration) if calibration else None
+    if text is not None and recipe is not None and recipe.method == "static" and _given("calibration_sequences"):
+        _check_windows(model, text, recipe)
     q = import_extra("gptedge.quantize.quantizer", "quantize")
     manifest = q.quantize_model_dir(model, out, recipe, force=force, calibration_text=text,
                                     progress=progress("calibrating"), kv_cache=kv_cache)
@@ -137,6 +153,57 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
     diag(f"quantized {model} -> {out} ({done}; vs fp32 on seeded ids ({check.device}): "
          f"top-1 {check.top1_agreement:.2%}, max |logit diff| {check.max_abs_logit_diff:.3g}"
          + ("" if check.greedy_agreement is None else f", greedy {check.greedy_agreement:.0%} identical"))
+
+
+def _check_windows(model: str, text: str, recipe: QuantizeRecipe) -> None:
+    """--calibration-sequences N asks for N windows of --calibration-length tokens: more than the text holds would
+    calibrate on as many overlapping windows as it has start positions (minutes on a short text), not N."""
+    from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
+
+    try:
+        tokens = len(encode(load_tokenizer(model), text))
+    except (GptEdgeError, OSError):
+        return  # the quantizer's own checks say what is wrong with the dir
+    holds = max(0, tokens - recipe.calibration_length + 1)
+    if recipe.calibration_sequences > holds:
+        raise click.UsageError(f"--calibration-sequences {recipe.calibration_sequences}: the calibration text "
+                               f"({tokens} tokens) holds {holds} windows of {recipe.calibration_length} tokens; give "
+                               "fewer sequences or a longer text")
+
+
+def _given(name: str) -> bool:
+    source = click.get_current_context().get_parameter_source(name)
+    return source is not None and source != click.core.ParameterSource.DEFAULT
+
+
+def _refuse_options_that_do_nothing(model: str, recipe: QuantizeRecipe | None, calibration: str | None,
+                                    kv_cache: str) -> None:
+    """An option the recipe would not read is a wrong command line (exit 2), never silently ignored."""
+    method = recipe.method if recipe is not None else None
+    for name, (flag, methods) in _READ_BY.items():
+        if _given(name) and method not in methods:
+            raise click.UsageError(f"{flag} applies to --method {' or '.join(methods)} only")
+    if recipe is not None and method == "weight-only" and 4 not in (recipe.bits, recipe.embedding_bits):
+        for name, flag in (("symmetric", "--symmetric/--asymmetric"), ("keep_8bit", "--keep-8bit")):
+            if _given(name):
+                raise click.UsageError(f"{flag} applies to 4-bit weights only (--bits 4 or --embedding-bits 4)")
+    reads_text = (recipe is not None and (QUANTIZATION_METHODS.entry(method).calibrated or recipe.awq)) \
+        or KV_CACHES[kv_cache].quantized
+    if calibration is not None and not reads_text:
+        raise click.UsageError("--calibration applies to --method static, --awq, an int8 / int4 --kv-cache or "
+                               "--max-kl only")
+    for name in ("calibration_sequences", "calibration_length"):
+        if _given(name) and not reads_text:
+            raise click.UsageError(f"--{name.replace('_', '-')} applies with --calibration only (--method static, "
+                                   "--awq, an int8 / int4 --kv-cache)")
+    if _given("quantize_head"):
+        try:
+            task = read_manifest(model).task
+        except (GptEdgeError, OSError):
+            return  # the quantizer's own checks say what is wrong with the dir
+        if task is None:
+            raise click.UsageError("--quantize-head/--float-head applies to task-head dirs (export --task) only: "
+                                   f"{model} is a language model")
 
 
 def _search(model: str, out: str, recipe: QuantizeRecipe | None, calibration: str | None, kv_cache: str,

@@ -20,6 +20,7 @@ from gptedge.runtime.errors import InvalidArgumentError
 from .openai_schema import (DEFAULT_MAX_TOKENS, MAX_CHOICES, MAX_LOGPROBS, _get, _is_int, _is_number, _stop, bad,
                             check_body_fields, sampling_fields, stream_fields, usage)
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # the roles OpenAI's chat API takes
 CHAT_FIELDS = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
     "stream_options", "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user",
@@ -55,6 +56,8 @@ def parse_chat_request(body, max_tokens_limit: int) -> ChatParams:
     except InvalidArgumentError as e:
         raise bad("messages", str(e)) from None
     for i, m in enumerate(messages):
+        if m["role"] not in ROLES:  # OpenAI's 400; a template would render any role as if the model knew it
+            raise bad("messages", f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role'][:40]!r}")
         if isinstance(m.get("content"), list):  # text parts only: this server reads no images or audio
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in m["content"]):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -95,12 +96,40 @@ def web_model(model_dir: Path, manifest: Manifest, web: str,
     except ImportError as e:
         yield None, f"packing needs {e.name} (pip install 'gptedge[quantize]'), or pass --web DIR"
         return
-    folder = Path(tempfile.mkdtemp(prefix="gptedge-web-"))
+    sweep_stale_web_folders()
+    folder = Path(tempfile.mkdtemp(prefix=f"{WEB_PREFIX}{os.getpid()}-"))
     try:
         write_web_model([model_dir], folder, chat_template)
         yield folder, None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+WEB_PREFIX = "gptedge-web-"  # then the serving process's pid, "-", mkdtemp's suffix
+
+
+def sweep_stale_web_folders(root: str | Path | None = None) -> list[Path]:
+    """Remove the web packs that servers killed with SIGKILL left (a full copy of the model each: the `finally`
+    never ran): a gptedge-web-PID-* folder whose process is gone. -> the folders removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{WEB_PREFIX}*-*"):
+        pid = folder.name[len(WEB_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        log.info("removed %s, the web pack of a server that is gone (pid %s)", folder, pid)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def _file(path: Path | None) -> Response:

@@ -7,10 +7,12 @@ runtime, which reads the manifest, would go on as before: each such difference i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 from ..contract import GRAPH_KV_BUFFER
+from ..modeldir.chat_template import CHAT_TEMPLATE_FILE, ChatTemplateError, parse_chat_template
 from ..modeldir.manifest import MANIFEST_NAME, Manifest
 
 SAYS = f"{MANIFEST_NAME} says"
@@ -84,4 +86,17 @@ def companion_problems(model_dir: Path, m: Manifest, config: dict) -> list[str]:
             problems.append(data)
         elif data is not None:
             problems += check(m, data)
-    return problems + _labels(m, config)
+    return problems + _labels(m, config) + _chat_template(model_dir)
+
+
+def _chat_template(model_dir: Path) -> list[str]:
+    """chat_template.jinja parses (what serve's chat route and transformers' apply_chat_template run): a broken one
+    would fail every chat request of a server that started fine. Without jinja2 (the serve extra) it is not read."""
+    path = model_dir / CHAT_TEMPLATE_FILE
+    if not path.is_file() or importlib.util.find_spec("jinja2") is None:
+        return []
+    try:
+        parse_chat_template(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, ChatTemplateError) as e:
+        return [f"{CHAT_TEMPLATE_FILE}: {str(e).splitlines()[0][:160]}"]
+    return []

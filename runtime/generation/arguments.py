@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from .generation_options import EMPTY_STOP
 
 
 def _got(value: Any) -> str:
@@ -35,12 +36,16 @@ def check_text(text: Any, what: str) -> str:
 
 
 def check_stop(stop: Any) -> tuple[str, ...]:
-    """Stop strings: a list or tuple of str (None: none)."""
+    """Stop strings: a list or tuple of non-empty str (None: none). One rule with the server's `stop` field and
+    `generate --stop`: an empty one is refused, not silently dropped."""
     if stop is None:
         return ()
     if isinstance(stop, (str, bytes)) or not isinstance(stop, (list, tuple)):
         raise TypeError(f"stop is a list of strings (stop=['\\n'], not stop='\\n'), got {_got(stop)}")
-    return tuple(check_text(s, "a stop string") for s in stop)
+    stops = tuple(check_text(s, "a stop string") for s in stop)
+    if "" in stops:
+        raise InvalidArgumentError(EMPTY_STOP)
+    return stops
 
 
 def check_bool(value: Any, what: str) -> bool:

@@ -65,6 +65,7 @@ def beam_search(variant: GraphVariant, prompts: Sequence[Sequence[int]], max_new
                 prefill_chunk: int | None = None) -> list[BeamResult]:
     """eos_id: the end-of-sequence id, or every one where a model has several."""
     check_prompts(prompts, max_new_tokens, context_length)
+    max_new_tokens = int(max_new_tokens)  # a numpy integer as a plain int
     eos_id = (eos_id,) if isinstance(eos_id, int) else (tuple(eos_id) if eos_id else None)
     B, K = len(prompts), options.num_beams
     ids, mask = left_pad(prompts, pad_id)

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, PromptTooLongError
 from ..graphs.graph_variant import DecodeState, GraphVariant
 from .arguments import check_ids
-from .generation_options import PREFILL_CHUNK
+from .generation_options import PREFILL_CHUNK, is_count
 from .sampling import SamplingParams, select_token
 from .text_stream import TextStream
 
@@ -75,7 +75,7 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, context
                   vocab_size: int | None = None) -> None:
     """Prompts that fit the context with room for max_new_tokens >= 1; with vocab_size, their ids too (integers
     inside the vocabulary: ONNX Runtime's own error for one outside is a raw Gather failure)."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not is_count(max_new_tokens) or max_new_tokens < 1:
         raise InvalidArgumentError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if not prompts:
         raise InvalidArgumentError("no prompt given")
@@ -126,12 +126,16 @@ def run_generation(
 ) -> Generator[tuple[int, str], None, list[Generation]]:
     """Yields (row, text piece) as text completes; returns one Generation per prompt."""
     check_prompts(prompts, max_new_tokens, context_length)
+    max_new_tokens = int(max_new_tokens)  # a numpy integer as a plain int
     B = len(prompts)
     ids, mask = left_pad(prompts, pad_id)
     rows = [SequenceState(Generation(prompt_ids=list(p)), TextStream(tokenizer, stop_strings) if tokenizer else None,
                           np.random.default_rng(params.seed), list(p)) for p in prompts]
     start = time.perf_counter()
-    state = variant.start(B, ids.shape[1] + max_new_tokens)  # room for every token of this generation
+    # Room for every token this generation can write: a row stops at max_new_tokens or at the context, and the
+    # shortest prompt's row (left-padded to ids.shape[1]) runs longest. Never max_new_tokens alone: -n 1e9 on a
+    # kv_buffer graph would allocate a (B, heads, 1e9, head_dim) cache.
+    state = variant.start(B, ids.shape[1] + min(max_new_tokens, context_length - min(len(p) for p in prompts)))
     # Plain greedy picks the tokens where the logits are (on a GPU only the ids come back); the rest reads logits.
     argmax = params.is_greedy and params.repetition_penalty == 1.0
     step = state.run_argmax if argmax else state.run

@@ -6,6 +6,7 @@ engine's requests)."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
@@ -22,6 +23,16 @@ PREFILL_CHUNK = 256
 # about 3,600 positions (3.5 full 1,024-token contexts; four times as many with an int8 cache): a handful of
 # system prompts and conversations, for less than a --max-batch 8 pool's own cache may touch (16 rows x 72 MiB).
 PREFIX_CACHE_MB = 256
+
+# One rule for empty stop strings (the API's stop=, `generate --stop`, the server's `stop` field): refused, never
+# silently dropped.
+EMPTY_STOP = "a stop string is empty (it would end the text before it starts); leave it out"
+
+
+def is_count(value) -> bool:
+    """An integer as callers hold one: int or a numpy integer (numbers.Integral, without importing numpy), never a
+    bool (True is 1 to Python: max_new_tokens=True would mean one token) or a float."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -44,15 +55,18 @@ class SamplingParams:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
                 and self.temperature >= 0):
             raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not is_count(self.top_k) or self.top_k < 0:
             raise InvalidArgumentError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        object.__setattr__(self, "top_k", int(self.top_k))  # numpy's integers as plain ints
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not (isinstance(self.repetition_penalty, (int, float)) and math.isfinite(self.repetition_penalty)
                 and self.repetition_penalty > 0):
             raise InvalidArgumentError(f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+        if self.seed is not None and (not is_count(self.seed) or self.seed < 0):
             raise InvalidArgumentError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
 
     @property
     def is_greedy(self) -> bool:
@@ -67,12 +81,14 @@ class BeamOptions:
     num_return_sequences: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+        if not is_count(self.num_beams) or self.num_beams < 1:
             raise InvalidArgumentError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
-        if not isinstance(self.num_return_sequences, int) or not 1 <= self.num_return_sequences <= self.num_beams:
+        if not is_count(self.num_return_sequences) or not 1 <= self.num_return_sequences <= self.num_beams:
             raise InvalidArgumentError(f"num_return_sequences must be in 1..num_beams ({self.num_beams}), "
                                        f"got {self.num_return_sequences!r}")
         if self.early_stopping not in (True, False, "never"):
             raise InvalidArgumentError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
+        object.__setattr__(self, "num_beams", int(self.num_beams))
+        object.__setattr__(self, "num_return_sequences", int(self.num_return_sequences))
         if not isinstance(self.length_penalty, (int, float)) or not math.isfinite(self.length_penalty):
             raise InvalidArgumentError(f"length_penalty must be a finite number, got {self.length_penalty!r}")

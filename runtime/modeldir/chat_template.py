@@ -96,6 +96,11 @@ def _compiled(template: str):
         raise ChatTemplateError(f"the chat template does not parse: {e}") from None
 
 
+def parse_chat_template(template: str) -> None:
+    """ChatTemplateError when `template` does not parse (the model dir checks run this on chat_template.jinja)."""
+    _compiled(template)
+
+
 def check_messages(messages: Any) -> list[dict[str, Any]]:
     """A non-empty list of {"role": str, "content": str | list of parts, ...}; InvalidArgumentError otherwise."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:

@@ -184,6 +184,8 @@ def read_jsonl(text: str, what: str = "JSONL") -> list[dict]:
             value = json.loads(line)
         except ValueError as e:
             raise InvalidArgumentError(f"{what} line {n}: not JSON ({str(e).splitlines()[0][:80]})") from None
+        except RecursionError:  # json's C decoder nests one frame per [ or {: an example is never this deep
+            raise InvalidArgumentError(f"{what} line {n}: JSON nested too deeply to be an example") from None
         if not isinstance(value, dict):
             raise InvalidArgumentError(f"{what} line {n}: not a JSON object")
         out.append(value)

@@ -28,6 +28,8 @@ ROWS = [
     Row("force-onto-a-folder-gptedge-did-not-write", ["export", "ck", "-o", "mine", "--force"], 2,
         "mine is not empty and gptedge did not write it", ("ck",),
         lambda w: (w / "mine").mkdir() or (w / "mine" / "notes.txt").write_text("keep")),
+    Row("export-opset-past-the-newest", ["export", "ck", "-o", "x", "--opset", "99999999999999999999"], 2,
+        "opset 99999999999999999999 is not supported: choose 17..", ("ck",)),
     Row("export-unknown-graph", ["export", "ck", "-o", "x", "--graph", "paged"], 2, "'paged' is not one of", ("ck",)),
     Row("export-existing-output", ["export", "ck", "-o", "out"], 2, "out exists; pass --force", ("ck",),
         lambda w: (w / "out").mkdir() or (w / "out" / "precious.txt").write_text("keep me")),

@@ -21,6 +21,8 @@ ROWS = [
         "'--stop': not valid UTF-8 (byte 0xc3 at offset 0)", ("m",)),
     Row("read-only-cache", ["generate", "-p", "Hi"], 1, "GPTEDGE_CACHE", (), read_only(Path("cache")),
         modes=True),
+    Row("stop-empty", ["generate", "m", "-p", "Hi", "--stop", "x", "--stop", ""], 2,
+        "'--stop': a stop string is empty (it would end the text before it starts); leave it out", ("m",)),
     Row("threads-negative", ["generate", "m", "-p", "Hi", "--threads", "-3"], 2,
         "'--threads': -3 is not in the range 1<=x<=", ("m",)),
     Row("threads-too-many", ["generate", "m", "-p", "Hi", "--threads", "1000"], 2,

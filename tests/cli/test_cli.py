@@ -158,32 +158,36 @@ def test_quantize_passes_every_option(runner, monkeypatch, gpt2_model_dir, tmp_p
               quantization=NS(quantized_nodes={}, awq=False))
     quantize = Calls(done)
     monkeypatch.setattr(q, "quantize_model_dir", quantize)
-    (tmp_path / "cal.txt").write_text("calibration text", encoding="utf-8")
+    (tmp_path / "cal.txt").write_text("calibration text " * 20, encoding="utf-8")  # 40 tokens: 25 windows of 16
     out = tmp_path / "q"
     out.mkdir()
+    # each option to a method that reads it (one it would not read is refused: test_quantize_options_that_do_nothing)
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(out), "--method", "static",
-                                  "--per-tensor", "--block-size", "64", "--accuracy-level", "0",
-                                  "--quantize-attention", "--calibration", str(tmp_path / "cal.txt"),
-                                  "--calibration-sequences", "3", "--calibration-length", "16", "--force",
-                                  "--activation-scale", "per-tensor", "--full-range", "--quantize-head"])
+                                  "--per-tensor", "--quantize-attention", "--calibration", str(tmp_path / "cal.txt"),
+                                  "--calibration-sequences", "3", "--calibration-length", "16", "--force"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q2"), "--method", "dynamic"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q3"), "--method",
-                                  "weight-only", "--bits", "4", "--symmetric", "--embedding-bits", "4", "--float16"])
+                                  "weight-only", "--bits", "4", "--symmetric", "--embedding-bits", "4", "--float16",
+                                  "--block-size", "64", "--accuracy-level", "0"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q4"), "--method", "fp16"])
     assert result.exit_code == 0, result.output
-    (first, second, third, fourth) = quantize.calls
+    result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q5"), "--method", "dynamic",
+                                  "--activation-scale", "per-tensor", "--full-range"])
+    assert result.exit_code == 0, result.output
+    (first, second, third, fourth, fifth) = quantize.calls
+    assert (fifth[0][2].activation_scale, fifth[0][2].reduce_range) == ("per-tensor", False)
     recipe = third[0][2]
     assert (recipe.bits, recipe.symmetric, recipe.embedding_bits, recipe.float16) == (4, True, 4, True)
+    assert (recipe.block_size, recipe.accuracy_level) == (64, 0)
     assert fourth[0][2] == q.QuantizeRecipe(method="fp16") and fourth[0][2].bits == 16
     assert first[0][:2] == (str(gpt2_model_dir), str(out))
     recipe = first[0][2]
-    assert recipe == q.QuantizeRecipe(method="static", per_channel=False, block_size=64, accuracy_level=0,
-                                      quantize_attention=True, calibration_sequences=3, calibration_length=16,
-                                      activation_scale="per-tensor", reduce_range=False, quantize_head=True)
-    assert first[1]["force"] is True and first[1]["calibration_text"] == "calibration text"
+    assert recipe == q.QuantizeRecipe(method="static", per_channel=False, quantize_attention=True,
+                                      calibration_sequences=3, calibration_length=16)
+    assert first[1]["force"] is True and first[1]["calibration_text"] == "calibration text " * 20
     recipe = second[0][2]
     assert recipe == q.QuantizeRecipe(method="dynamic", per_channel=True, block_size=32, accuracy_level=4,
                                       quantize_attention=False, calibration_sequences=32, calibration_length=128,
@@ -311,8 +315,10 @@ def test_verbose_logs_progress(gpt2_model_dir, tmp_path):
 # test_serve_playground; verify: test_model_integrity; classify and export --task: test_classify_cli; compare
 # --labelled: test_classify_compare; quantize --keep-8bit: test_int4_mixed; serve --chat-template: test_serve_chat;
 # quantize --scale-search / --awq: test_quantizers; --gptq: test_gptq; --max-kl / --prefer: test_recipe_search;
-# serve --spin-us: test_serve_spin; fetch-web: test_fetch_web).
-OPTION_TESTS = ["tests/cli/test_cli.py", "tests/measure/test_eval_compare.py", "tests/serve/test_serve.py",
+# serve --spin-us: test_serve_spin; fetch-web: test_fetch_web; quantize's options per method:
+# test_quantize_options_that_do_nothing).
+OPTION_TESTS = ["tests/cli/test_cli.py", "tests/cli/test_quantize_options_that_do_nothing.py",
+                "tests/measure/test_eval_compare.py", "tests/serve/test_serve.py",
                 "tests/quantize/test_fp16.py", "tests/web/test_pack_web.py", "tests/web/test_pack_mobile.py",
                 "tests/serve/test_serve_playground.py", "tests/serve/test_serve_hostile.py",
                 "tests/modeldir/test_model_integrity.py", "tests/families/test_classify_cli.py",

@@ -197,8 +197,8 @@ def test_cli_kv_cache_option(cache_dirs, gpt2_model_dir, tmp_path):
     kvb = str(cache_dirs["fp32"])
     cases = [([kvb, "--kv-cache", "int3"], "'int3' is not one of 'fp32', 'fp16', 'int8', 'int4'", 2),
              ([kvb, "--kv-cache", "int8"], "--kv-cache int8 needs --calibration", 2),
-             ([str(gpt2_model_dir), "--kv-cache", "fp16"], "needs a kv_buffer graph", 1),
-             ([kvb, "--kv-cache", "fp16", "--method", "fp16"], "an fp16 graph's cache is fp16 already", 1),
+             ([str(gpt2_model_dir), "--kv-cache", "fp16"], "needs a kv_buffer graph", 2),  # a bad command line
+             ([kvb, "--kv-cache", "fp16", "--method", "fp16"], "an fp16 graph's cache is fp16 already", 2),
              ([kvb, "--method", None], "--method is required (or --kv-cache", 2)]  # neither: nothing to do
     for args, message, code in cases:
         method = [] if "--method" in args else ["--method", "weight-only"]

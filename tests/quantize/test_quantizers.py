@@ -155,9 +155,10 @@ def gammas(model_dir) -> dict[str, np.ndarray]:
 @pytest.mark.slow  # an AWQ search through the command
 def test_cli_awq_folds_scales_into_the_layernorms_and_the_manifest_says_so(gpt2_model_dir, tmp_path):
     runner = CliRunner()
-    base = ["quantize", str(gpt2_model_dir), "--method", "weight-only", "--bits", "4", "--calibration", CALIBRATION]
-    plain = runner.invoke(main, [*base, "-o", str(tmp_path / "plain")])
-    result = runner.invoke(main, [*base, "-o", str(tmp_path / "awq"), "--awq", "--scale-search", "mse"])
+    base = ["quantize", str(gpt2_model_dir), "--method", "weight-only", "--bits", "4"]
+    plain = runner.invoke(main, [*base, "-o", str(tmp_path / "plain")])  # --calibration without --awq: refused
+    result = runner.invoke(main, [*base, "-o", str(tmp_path / "awq"), "--calibration", CALIBRATION, "--awq",
+                                  "--scale-search", "mse"])
     assert plain.exit_code == 0 and result.exit_code == 0, result.output
     assert "mse scales, awq" in result.output
     a, b = gammas(tmp_path / "plain"), gammas(tmp_path / "awq")

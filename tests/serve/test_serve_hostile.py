@@ -261,3 +261,22 @@ def test_bad_serve_options_exit_2_with_their_range(gpt2_model_dir, args, says):
 def test_an_api_key_from_the_environment_is_checked_too(gpt2_model_dir):
     result = run_serve(gpt2_model_dir, env={"GPTEDGE_API_KEY": "ключ"})
     assert result.returncode == 2 and "must be printable ASCII" in error_line(result)
+
+
+def chunked_post(server, body: bytes) -> httpx.Response:
+    """POST `body` with Transfer-Encoding: chunked (httpx sends a generator's pieces as chunks, no Content-Length)."""
+    pieces = (body[i:i + 0x4000] for i in range(0, len(body), 0x4000))
+    return httpx.post(f"{server.url}/v1/completions", content=pieces,
+                      headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+
+
+@pytest.mark.parametrize("extra, status", [(0, 200), (1, 413)])
+def test_a_chunked_body_exactly_at_max_body_is_served_one_byte_more_is_413_and_counted(server, extra, status):
+    body = json.dumps({"model": NAME, "prompt": "Hi", "max_tokens": 1}).encode()
+    body += b" " * (MAX_BODY + extra - len(body))  # trailing whitespace: the same JSON, MAX_BODY + extra bytes
+    before = count(metrics(server), 413)
+    response = chunked_post(server, body)
+    assert response.status_code == status, response.text
+    if status == 413:
+        assert openai_error(response, 413)["code"] == "request_too_large"
+    assert count(metrics(server), 413) == before + (status == 413)
