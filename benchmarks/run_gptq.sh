@@ -22,8 +22,9 @@ for bits in 4 8; do
   for search in plain mse gptq gptq-mse; do
     name=wo$bits-$search
     args=(--bits "$bits")
-    case $search in mse) args+=(--scale-search mse);; gptq) args+=(--gptq);; gptq-mse) args+=(--gptq --scale-search mse);; esac
-    x "$name" $G quantize "$W/fp32" -o "$W/$name" --method weight-only "${args[@]}" --calibration "$CAL"
+    case $search in mse) args+=(--scale-search mse);; gptq) args+=(--gptq --calibration "$CAL");;
+      gptq-mse) args+=(--gptq --scale-search mse --calibration "$CAL");; esac  # only --gptq reads the text
+    x "$name" $G quantize "$W/fp32" -o "$W/$name" --method weight-only "${args[@]}"
     dirs+=("$name")
   done
 done

@@ -187,15 +187,16 @@ def _refuse_options_that_do_nothing(model: str, recipe: QuantizeRecipe | None, c
         for name, flag in (("symmetric", "--symmetric/--asymmetric"), ("keep_8bit", "--keep-8bit")):
             if _given(name):
                 raise click.UsageError(f"{flag} applies to 4-bit weights only (--bits 4 or --embedding-bits 4)")
-    reads_text = (recipe is not None and (QUANTIZATION_METHODS.entry(method).calibrated or recipe.awq)) \
+    reads_text = (recipe is not None and (QUANTIZATION_METHODS.entry(method).calibrated or recipe.awq
+                                             or recipe.gptq)) \
         or KV_CACHES[kv_cache].quantized
     if calibration is not None and not reads_text:
-        raise click.UsageError("--calibration applies to --method static, --awq, an int8 / int4 --kv-cache or "
-                               "--max-kl only")
+        raise click.UsageError("--calibration applies to --method static, --awq, --gptq, an int8 / int4 "
+                               "--kv-cache or --max-kl only")
     for name in ("calibration_sequences", "calibration_length"):
         if _given(name) and not reads_text:
             raise click.UsageError(f"--{name.replace('_', '-')} applies with --calibration only (--method static, "
-                                   "--awq, an int8 / int4 --kv-cache)")
+                                   "--awq, --gptq, an int8 / int4 --kv-cache)")
     if _given("quantize_head"):
         try:
             task = read_manifest(model).task

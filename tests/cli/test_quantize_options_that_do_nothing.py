@@ -33,6 +33,7 @@ REFUSED = [
     (["--method", "dynamic", "--quantize-head"], "--quantize-head/--float-head applies to task-head dirs"),
     (["--method", "dynamic", "--float-head"], "--quantize-head/--float-head applies to task-head dirs"),
     (["--method", "dynamic", "--prefer", "size"], "--prefer applies to --max-kl only"),
+    (["--method", "dynamic", "--gptq", "--calibration", CALIBRATION], "--gptq applies to weight-only"),
     (["--kv-cache", "fp16"], "--kv-cache fp16 needs a kv_buffer graph"),  # was exit 1
 ]
 

@@ -116,10 +116,10 @@ def test_gptq_dir_beats_plain_on_held_out_text_and_says_so(gpt2_model_dir, tmp_p
     """Calibrated on Emma, scored on Persuasion: KL(fp32 || gptq) <= KL(fp32 || plain), same graph and bytes; the
     manifest records it, and a manifest written before the field reads as without it."""
     runner = CliRunner()
-    base = ["quantize", str(gpt2_model_dir), "--method", "weight-only", "--bits", "4", "--calibration",
-            str(CALIBRATION), "--calibration-sequences", "8"]
-    plain = runner.invoke(main, [*base, "-o", str(tmp_path / "plain")])
-    result = runner.invoke(main, [*base, "-o", str(tmp_path / "gptq"), "--gptq"])
+    base = ["quantize", str(gpt2_model_dir), "--method", "weight-only", "--bits", "4"]
+    plain = runner.invoke(main, [*base, "-o", str(tmp_path / "plain")])  # reads no text: --calibration is refused
+    result = runner.invoke(main, [*base, "-o", str(tmp_path / "gptq"), "--gptq", "--calibration", str(CALIBRATION),
+                                  "--calibration-sequences", "8"])
     assert plain.exit_code == 0 and result.exit_code == 0, result.output
     assert "embedding 8-bit, gptq)" in result.output
     scorer = _Scorer(load(gpt2_model_dir, device="cpu"), HELD_OUT)
