@@ -14,6 +14,7 @@ from gptedge.runtime.errors import GptEdgeError
 from gptedge.runtime.modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES
 from gptedge.runtime.modeldir.manifest import read_manifest
 from gptedge.runtime.modeldir.recipe import ACTIVATION_SCALES, SCALE_SEARCHES, QuantizeRecipe
+from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
 from gptedge.runtime.registry import QUANTIZATION_METHODS
 
 from .group import command
@@ -158,8 +159,6 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
 def _check_windows(model: str, text: str, recipe: QuantizeRecipe) -> None:
     """--calibration-sequences N asks for N windows of --calibration-length tokens: more than the text holds would
     calibrate on as many overlapping windows as it has start positions (minutes on a short text), not N."""
-    from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
-
     try:
         tokens = len(encode(load_tokenizer(model), text))
     except (GptEdgeError, OSError):

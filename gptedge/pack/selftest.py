@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptedge.runtime import load
 from gptedge.runtime.modeldir.manifest import Manifest, write_json
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ def golden_cases(model_dir: Path, prompts: tuple[str | list[int], ...] = PROMPTS
                  top_k: int = TOP_K) -> list[dict]:
     """The Python runtime's greedy run of each prompt on the dir's graph (CPU) -> cases: prompt, prompt_ids, ids
     and, per step, the top_k [id, logit] pairs (best first) of the teacher-forced logits."""
-    from gptedge.runtime import load
 
     model = load(model_dir, device="cpu")
     if not model.has_tokenizer:  # a dir without a tokenizer generates from ids: the prompts' lengths in fixed ids

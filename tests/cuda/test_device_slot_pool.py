@@ -29,23 +29,24 @@ def _device_pool(model, capacity: int) -> DeviceSlotPool:
 
 
 def _schedule(pool) -> list[np.ndarray]:
-    """Joins, a chunked prefill between steps, a leave and a slot reused: every logits array the pool returned."""
+    """Joins, a chunked prefill between steps, a leave and a slot reused: every logits array the pool returned (copied:
+    step may return a view that the next step overwrites)."""
     out = [drain(pool.prefill(1, A, None))]
-    out.append(pool.step([1], np.array([3])))
+    out.append(np.array(pool.step([1], np.array([3]))))
     runs = pool.prefill(2, B, 4)  # 4 + 4 + 1 positions, the running row decoding between chunks
     next(runs)
-    out.append(pool.step([1], np.array([4])))
+    out.append(np.array(pool.step([1], np.array([4]))))
     next(runs)
-    out.append(pool.step([1], np.array([5])))
+    out.append(np.array(pool.step([1], np.array([5]))))
     out.append(drain(runs))
-    out.append(pool.step([1, 2], np.array([6, 7])))
+    out.append(np.array(pool.step([1, 2], np.array([6, 7]))))
     out.append(pool.prefill_group([3], [C_]))
-    out.append(pool.step([2, 3, 1], np.array([8, 9, 10])))
+    out.append(np.array(pool.step([2, 3, 1], np.array([8, 9, 10]))))
     pool.remove(1)
-    out.append(pool.step([3, 2], np.array([11, 12])))
+    out.append(np.array(pool.step([3, 2], np.array([11, 12]))))
     out.append(pool.prefill_group([4], [D]))  # takes the freed slot
     for t in range(6):
-        out.append(pool.step([2, 4, 3], np.array([20 + t, 30 + t, 40 + t])))
+        out.append(np.array(pool.step([2, 4, 3], np.array([20 + t, 30 + t, 40 + t]))))
     return out
 
 

@@ -165,10 +165,11 @@ def test_kv_buffer_needs_fused_gpt2(tmp_path):
 
 
 def test_opset_is_checked(tmp_path):
-    from gptedge.runtime.errors import CheckpointError
+    from gptedge.runtime.errors import InvalidArgumentError
 
-    with pytest.raises(CheckpointError, match="opset 11 is not supported"):
+    with pytest.raises(InvalidArgumentError, match="opset 11 is not supported") as refused:
         export_model(tiny_reference("gpt2"), tmp_path / "m", opset=11)
+    assert refused.value.exit_code == 2  # a bad command line, as an opset past the newest is
     export_model(tiny_reference("gpt2"), tmp_path / "m18", opset=18, greedy_tokens=8)
     assert onnx.load(str(tmp_path / "m18" / "model.onnx")).opset_import[0].version == 18
 

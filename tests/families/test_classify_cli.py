@@ -127,10 +127,10 @@ def test_export_task_from_the_command_line(runner, task_checkpoints, tmp_path):
     assert runtime.load_classifier(tmp_path / "mc", device="cpu").task.name == "multiple-choice"
     # --special-token is used: naming another extract token changes the manifest
     result = runner.invoke(main, ["export", str(ck), "-o", str(tmp_path / "mc2"), "--task", "multiple-choice",
-                                  "--special-token", "extract=<delim>", "--special-token", "start=7"])
+                                  "--special-token", "extract=9", "--special-token", "start=7"])
     assert result.exit_code == 0, result.output
     tokens = runtime.read_manifest(tmp_path / "mc2").task.special_tokens
-    assert (tokens.start, tokens.delimiter, tokens.extract) == (7, 50258, 50258)
+    assert (tokens.start, tokens.delimiter, tokens.extract) == (7, 50258, 9)
 
 
 @pytest.mark.parametrize("args, message", [

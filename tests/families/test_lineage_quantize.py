@@ -259,10 +259,11 @@ def test_awq_on_rmsnorm_is_recorded_as_not_applied(fp32_dirs, root, tmp_path):
 def test_gptq_rounds_every_llama_linear_and_leaves_the_head(fp32_dirs, tmp_path):
     """--gptq on Llama's Linear layout (separate q / k / v sharing one input, GQA, an untied head): every block
     linear's blocks differ from the plain rounding's, in the same initializers; the untied head is not touched."""
-    args = ("--method", "weight-only", "--bits", "4", "--calibration", str(ROOT / "samples" / "calibration" /
-            "emma_ch1-4.txt"), "--calibration-length", "32", "--calibration-sequences", "2")
+    args = ("--method", "weight-only", "--bits", "4")
+    text = ("--calibration", str(ROOT / "samples" / "calibration" / "emma_ch1-4.txt"), "--calibration-length", "32",
+            "--calibration-sequences", "2")  # only --gptq reads it: the plain recipe refuses it
     quantize(fp32_dirs["gqa2-linear"], tmp_path / "plain", *args)
-    assert "gptq): " in quantize(fp32_dirs["gqa2-linear"], tmp_path / "gptq", *args, "--gptq")
+    assert "gptq): " in quantize(fp32_dirs["gqa2-linear"], tmp_path / "gptq", *args, *text, "--gptq")
     plain, rounded = ({t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / d / "model.onnx"),
                                                                                  ).graph.initializer}
                       for d in ("plain", "gptq"))

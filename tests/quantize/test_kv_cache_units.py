@@ -50,9 +50,9 @@ def test_the_graphs_cache_type():
 def test_check_kv_cache_takes_what_quantize_can_store():
     assert kv.check_kv_cache("fp32", C.GRAPH_STANDARD, True) is KV_CACHES["fp32"]  # the default: any graph
     assert kv.check_kv_cache("int4", C.GRAPH_KV_BUFFER, False) is KV_CACHES["int4"]
-    with pytest.raises(QuantizationError, match=r"^--kv-cache int8 needs a kv_buffer graph .*this one is standard$"):
+    with pytest.raises(InvalidArgumentError, match=r"^--kv-cache int8 needs a kv_buffer graph .*this one is standard$"):
         kv.check_kv_cache("int8", C.GRAPH_STANDARD, False)
-    with pytest.raises(QuantizationError, match="^--kv-cache fp16 applies to graphs that compute in fp32"):
+    with pytest.raises(InvalidArgumentError, match="^--kv-cache fp16 applies to graphs that compute in fp32"):
         kv.check_kv_cache("fp16", C.GRAPH_KV_BUFFER, True)
 
 

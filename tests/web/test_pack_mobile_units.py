@@ -34,6 +34,8 @@ def source(tmp_path, monkeypatch) -> Path:
         (d / name).write_text(json.dumps({"name": name}))
     (d / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"}, "x": 1}}))
     monkeypatch.setattr(mobile, "check_model_dir", lambda path: MANIFEST)
+    # the synthetic graph cannot run: the golden self-test (tests/web/test_pack_selftest.py) records a stand-in
+    monkeypatch.setattr(mobile, "graph_entry", lambda source, manifest, dtype, file_name, target: {"file": file_name})
     return d
 
 
@@ -63,7 +65,8 @@ def test_a_mobile_pack_is_converted_for_its_platform_and_records_what_it_wrote(s
     config = (dest / "required_operators_and_types.config").read_text()
     assert "model.ort" in config and str(dest) not in config  # the header names the packed file, not a scratch path
     assert sorted(p.name for p in dest.iterdir()) == [
-        "config.json", "genai_config.json", "generation_config.json", "gptedge-pack.json", MANIFEST_NAME,
+        "config.json", "genai_config.json", "generation_config.json", "gptedge-pack.json", "gptedge-selftest.json",
+        MANIFEST_NAME,
         "model.ort", "required_operators_and_types.config", "tokenizer.json", "tokenizer_config.json"]
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (dest / name).read_bytes() == (source / name).read_bytes()
