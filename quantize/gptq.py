@@ -23,8 +23,8 @@ therefore implies `static_scales`. Both are off by default: benchmarks/results/q
 which pays.
 
 The tied embedding / LM head is not touched (the embedding reads the same blocks, and GPTQ's errors are chosen
-for the head's inputs only); every other linear MatMul is, GPT-2's Conv1D and Llama's Linear alike (the graph
-holds both as a (K, N) MatMul initializer).
+for the head's inputs only); every other linear MatMul is, whatever layout the checkpoint stored it in (the graph
+holds every linear as a (K, N) MatMul initializer).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def gptq_blocks(model: onnx.ModelProto, recipe: QuantizeRecipe, manifest: Manife
     windows = kv.calibration_ids(model_dir, text, budget, min(manifest.shape.context_length,
                                                               recipe.calibration_length))
     by_input: dict[str, list[onnx.NodeProto]] = {}
-    for node in linears:  # Llama's q / k / v read one input: one H for the three
+    for node in linears:  # linears reading one input (separate q / k / v projections) share one H
         by_input.setdefault(node.input[0], []).append(node)
     groups, size = [[]], 0
     for name, nodes in by_input.items():
