@@ -29,6 +29,10 @@ holds every linear as a (K, N) MatMul initializer).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
+import hashlib
 import logging
 from pathlib import Path
 
@@ -69,30 +73,52 @@ def _levels(bits: int) -> tuple[int, int]:
     return (128 - qm.QMAX, 128 + qm.QMAX) if bits == 8 else (0, nm.LEVELS - 1)
 
 
-def gptq_rows(w_rows: np.ndarray, hessian: np.ndarray, bits: int, block_size: int, symmetric: bool = False,
+@dataclasses.dataclass(frozen=True)
+class InverseFactor:
+    """What GPTQ needs of one input's H, whichever linears read that input: `dead` (K,) bool, the channels the
+    calibration never moved; `order` (K,) the order K is rounded in; `u` (K, K) float64, the upper Cholesky factor
+    of the dampened H^-1 (rows and columns in `order`)."""
+    dead: np.ndarray
+    order: np.ndarray
+    u: np.ndarray
+
+
+def inverse_factor(hessian: np.ndarray, act_order: bool = False, percdamp: float = PERCDAMP) -> InverseFactor:
+    """H (K, K) of a linear's input -> its InverseFactor: the O(K^3) part of GPTQ, equal for every linear (and every
+    recipe) that reads the same input on the same calibration windows."""
+    h = np.array(hessian, np.float64)
+    k = h.shape[0]
+    dead = np.diag(h) == 0  # an input channel the calibration never moved: its weights cannot matter there
+    h[dead, dead] = 1.0
+    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
+    h = h[np.ix_(order, order)]
+    h[np.diag_indices(k)] += percdamp * np.mean(np.diag(h))
+    return InverseFactor(dead, order, np.linalg.cholesky(np.linalg.inv(h)).T)  # upper: H^-1 = U^T U
+
+
+def gptq_rows(w_rows: np.ndarray, hessian: np.ndarray | None, bits: int, block_size: int, symmetric: bool = False,
               scale_search: str = "range", act_order: bool = False, static_scales: bool = False,
-              percdamp: float = PERCDAMP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows (N, K) of a linear (the transpose of its (K, N) MatMul weight) and H (K, K) of its input -> (levels
-    (N, K/bs, bs) float, scales (N, K/bs) float32, zero points (N, K/bs) float), the arrays the plain recipe packs."""
+              percdamp: float = PERCDAMP, factor: InverseFactor | None = None,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows (N, K) of a linear (the transpose of its (K, N) MatMul weight) and H (K, K) of its input (or its
+    InverseFactor, made with the same act_order and percdamp) -> (levels (N, K/bs, bs) float, scales (N, K/bs)
+    float32, zero points (N, K/bs) float), the arrays the plain recipe packs."""
     n, k = w_rows.shape
     if k % block_size:
         raise ValueError(f"K={k} is not a multiple of block size {block_size}")
     lo, hi = _levels(bits)
+    if factor is None:
+        factor = inverse_factor(hessian, act_order, percdamp)
     w = w_rows.T.astype(np.float64)  # (K, N), a copy updated in place: row j is what input channel j multiplies
-    h = np.array(hessian, np.float64)
-    dead = np.diag(h) == 0  # an input channel the calibration never moved: its weights cannot matter there
-    h[dead, dead] = 1.0
-    w[dead] = 0.0
+    w[factor.dead] = 0.0
     n_blocks = k // block_size
     scale, zp = np.ones((n_blocks, n)), np.zeros((n_blocks, n))  # per block of K, per output column
     static = static_scales or act_order
     if static:
         for b in range(n_blocks):
             scale[b], zp[b] = _grid(w[b * block_size:(b + 1) * block_size].T, bits, symmetric, scale_search)
-    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
-    w, h = w[order], h[np.ix_(order, order)]
-    h[np.diag_indices(k)] += percdamp * np.mean(np.diag(h))
-    u = np.linalg.cholesky(np.linalg.inv(h)).T  # upper: H^-1 = U^T U
+    order, u = factor.order, factor.u
+    w = w[order]
     levels = np.zeros((k, n))
     for i1 in range(0, k, block_size):  # one lazy batch per block of K (natural order: exactly one MatMulNBits block)
         i2 = i1 + block_size
@@ -135,6 +161,46 @@ def hessians(model: onnx.ModelProto, manifest: Manifest, inputs: list[str], wind
     return {name: m / np.float32(tokens) for name, m in h.items()}  # float32: gptq_rows takes each to float64
 
 
+# Set by `factor_cache` for a recipe search: the folder that keeps each input's InverseFactor between candidates.
+_FACTOR_FOLDER: contextvars.ContextVar[Path | None] = contextvars.ContextVar("gptq_factor_folder", default=None)
+
+
+@contextlib.contextmanager
+def factor_cache(folder: Path):
+    """Within the block, gptq_blocks keeps every input's InverseFactor in `folder` (float64 (K, K) each: ~1 GB for
+    GPT-2 small, on disk, not in memory) and reads it back when the same float model, calibration text, windows
+    and input come again: --max-kl's GPTQ candidates differ in bits, grids and kept linears, never in H, so the
+    Hessian pass and the K^3 factorisations (about two thirds of one candidate's time on GPT-2 small) run once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    token = _FACTOR_FOLDER.set(folder)
+    try:
+        yield folder
+    finally:
+        _FACTOR_FOLDER.reset(token)
+
+
+def _factor_path(folder: Path, model_dir: Path, text: str, windows: list[np.ndarray], input_name: str) -> Path:
+    key = hashlib.sha256()
+    for part in (str(model_dir.resolve()), text, input_name, str(ACT_ORDER), str(PERCDAMP)):
+        key.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    for ids in windows:
+        key.update(ids.tobytes())
+    return folder / f"{key.hexdigest()[:32]}.npz"
+
+
+def _load_factor(path: Path) -> InverseFactor | None:
+    if not path.exists():
+        return None
+    with np.load(path) as z:
+        return InverseFactor(z["dead"], z["order"], z["u"])
+
+
+def _save_factor(path: Path, f: InverseFactor) -> None:
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, dead=f.dead, order=f.order, u=f.u)
+    tmp.replace(path)
+
+
 def gptq_blocks(model: onnx.ModelProto, recipe: QuantizeRecipe, manifest: Manifest, model_dir: Path, text: str,
                 work_dir: Path, overrides: dict[str, np.ndarray] | None,
                 linear_names: dict[str, str]) -> dict[str, tuple]:
@@ -153,31 +219,50 @@ def gptq_blocks(model: onnx.ModelProto, recipe: QuantizeRecipe, manifest: Manife
     by_input: dict[str, list[onnx.NodeProto]] = {}
     for node in linears:  # linears reading one input (separate q / k / v projections) share one H
         by_input.setdefault(node.input[0], []).append(node)
+    folder = _FACTOR_FOLDER.get() if not overrides else None  # awq's overrides change the activations: no reuse
+    factors: dict[str, InverseFactor] = {}
+    paths: dict[str, Path] = {}
+    if folder is not None:
+        for name in by_input:
+            paths[name] = _factor_path(folder, model_dir, text, windows, name)
+            cached = _load_factor(paths[name])
+            if cached is not None:
+                factors[name] = cached
+    needed = [name for name in by_input if name not in factors]
     groups, size = [[]], 0
-    for name, nodes in by_input.items():
-        k = r.weights.shape(nodes[0].input[1])[0]
+    for name in needed:
+        k = r.weights.shape(by_input[name][0].input[1])[0]
         if groups[-1] and size + 4 * k * k > HESSIAN_BYTES:
             groups.append([])
             size = 0
         groups[-1].append(name)
         size += 4 * k * k
     out: dict[str, tuple] = {}
-    for group in groups:
+
+    def round_input(name: str, factor: InverseFactor) -> None:
+        for node in by_input[name]:
+            weight = node.input[1]
+            w = (overrides or {}).get(weight)
+            w = r.weights[weight] if w is None else w  # (K, N)
+            graph_name = weight.removesuffix(".weight")
+            bits = 8 if recipe.bits == 8 or kept_at_8bit((graph_name, linear_names.get(graph_name, graph_name)),
+                                                         recipe.keep_8bit) else recipe.bits
+            levels, scale, zp = gptq_rows(w.T, None, bits, recipe.block_size, recipe.symmetric,
+                                          recipe.scale_search, ACT_ORDER, STATIC_SCALES, factor=factor)
+            out[weight] = packed(levels, scale, zp, bits, recipe.symmetric)
+            log.debug("gptq %s: %d-bit, K=%d N=%d", weight, bits, *w.shape)
+
+    for name, factor in factors.items():
+        round_input(name, factor)
+    for group in groups if needed else []:
         h = hessians(_copy(float_model), manifest, group, windows, work_dir)
         for name in group:
-            for node in by_input[name]:
-                weight = node.input[1]
-                w = (overrides or {}).get(weight)
-                w = r.weights[weight] if w is None else w  # (K, N)
-                graph_name = weight.removesuffix(".weight")
-                bits = 8 if recipe.bits == 8 or kept_at_8bit((graph_name, linear_names.get(graph_name, graph_name)),
-                                                             recipe.keep_8bit) else recipe.bits
-                levels, scale, zp = gptq_rows(w.T, h[name], bits, recipe.block_size, recipe.symmetric,
-                                              recipe.scale_search, ACT_ORDER, STATIC_SCALES)
-                out[weight] = packed(levels, scale, zp, bits, recipe.symmetric)
-                log.debug("gptq %s: %d-bit, K=%d N=%d", weight, bits, *w.shape)
-            del h[name]
-    log.info("gptq: %d linears rounded on %d calibration windows", len(linears), len(windows))
+            factor = inverse_factor(h.pop(name), ACT_ORDER)
+            if folder is not None:
+                _save_factor(paths[name], factor)
+            round_input(name, factor)
+    log.info("gptq: %d linears rounded on %d calibration windows (%d of %d inputs' factors reused)", len(linears),
+             len(windows), len(factors), len(by_input))
     return out
 
 

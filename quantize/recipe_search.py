@@ -32,6 +32,7 @@ from gptedge.runtime.modeldir.manifest import ModelShape, RecipeSearch, SearchCa
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
 from gptedge.runtime.modeldir.tokenizer import encode
 
+from . import gptq
 from .quantizer import quantize_model_dir
 
 log = logging.getLogger(__name__)
@@ -140,30 +141,31 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
     scratch = Path(tempfile.mkdtemp(prefix=".max-kl-", dir=out.parent if out.parent.exists() else None))
     hopeless: set[int] = set()  # widths (bits) ruled out by a candidate FAR over the budget
     try:
-        for i, (opts, recipe) in enumerate(recipes):
-            if recipe.bits in hopeless:
-                continue
-            d = scratch / f"c{i}"
-            quantize_model_dir(model_dir, d, recipe, calibration_text=calibration, kv_cache=kv_cache)
-            m = read_manifest(d)
-            size = sum(f.size for f in m.files if f.path.startswith(m.model_file))  # the graph and its data
-            kl = scorers[0].kl(d)
-            held = scorers[1].kl(d) if kl <= max_kl else None
-            tried.append(SearchCandidate(opts, size, kl, held))
-            log.info("--max-kl %g: %s: %d bytes, KL %.3g calibration, %s held out", max_kl, opts, size, kl,
-                     "-" if held is None else f"{held:.3g}")
-            if progress:
-                progress(i + 1, len(recipes))
-            if kl > FAR * max_kl:
-                hopeless.add(recipe.bits)
-            if held is not None and held <= HELD_OUT_SLACK * max_kl:
-                return _finish(d, out, force, RecipeSearch(max_kl, prefer, len(scorers[0].ids), len(scorers[1].ids),
-                                                           tuple(tried), opts))
-        closest = min(tried, key=lambda c: c.kl_held_out if c.kl_held_out is not None else c.kl_calibration)
-        raise QuantizationError(f"no recipe meets --max-kl {max_kl:g}: the closest is `{closest.options}` "
-                                f"(KL {closest.kl_calibration:.3g} on the calibration windows"
-                                + ("" if closest.kl_held_out is None else f", {closest.kl_held_out:.3g} held out")
-                                + f", {closest.size_bytes / 1e6:.2f} MB)")
+        with gptq.factor_cache(scratch / "gptq-factors"):  # the GPTQ candidates share H and its factors
+            for i, (opts, recipe) in enumerate(recipes):
+                if recipe.bits in hopeless:
+                    continue
+                d = scratch / f"c{i}"
+                quantize_model_dir(model_dir, d, recipe, calibration_text=calibration, kv_cache=kv_cache)
+                m = read_manifest(d)
+                size = sum(f.size for f in m.files if f.path.startswith(m.model_file))  # the graph and its data
+                kl = scorers[0].kl(d)
+                held = scorers[1].kl(d) if kl <= max_kl else None
+                tried.append(SearchCandidate(opts, size, kl, held))
+                log.info("--max-kl %g: %s: %d bytes, KL %.3g calibration, %s held out", max_kl, opts, size, kl,
+                         "-" if held is None else f"{held:.3g}")
+                if progress:
+                    progress(i + 1, len(recipes))
+                if kl > FAR * max_kl:
+                    hopeless.add(recipe.bits)
+                if held is not None and held <= HELD_OUT_SLACK * max_kl:
+                    return _finish(d, out, force, RecipeSearch(max_kl, prefer, len(scorers[0].ids), len(scorers[1].ids),
+                                                               tuple(tried), opts))
+            closest = min(tried, key=lambda c: c.kl_held_out if c.kl_held_out is not None else c.kl_calibration)
+            raise QuantizationError(f"no recipe meets --max-kl {max_kl:g}: the closest is `{closest.options}` "
+                                    f"(KL {closest.kl_calibration:.3g} on the calibration windows"
+                                    + ("" if closest.kl_held_out is None else f", {closest.kl_held_out:.3g} held out")
+                                    + f", {closest.size_bytes / 1e6:.2f} MB)")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
