@@ -42,6 +42,10 @@ from .options import count, device_option, diag, import_extra, threads_option
 
 # What `serve` does with ONNX Runtime's spin-waiting unless told: off | runs (inside a decode step only) | on
 DEFAULT_SPIN = "runs"
+# --spin-in-runs' bound on one spin (us) unless --spin-us says: past it a thread sleeps, inside a step too. Unbounded,
+# spinning inside runs took 1.4x --no-spin's CPU per token at 8 clients on a shared 2-core host, bounded 1.2x
+# (benchmarks/results/serve-spin-2026-11-26.md)
+RUN_SPIN_US = 100
 
 
 def _is_loopback(host: str) -> bool:
@@ -80,8 +84,9 @@ def _listen(host: str, port: int) -> socket.socket:
                    "one (a system prompt, a conversation's history) prefills only the rest. Least recently used "
                    "blocks go first; 0 turns reuse off.")
 @click.option("--spin-in-runs", "spin", flag_value="runs", default=DEFAULT_SPIN,
-              help="ONNX Runtime's threads spin-wait inside a decode step (between its parallel sections) and "
-                   "sleep the moment the step ends, yielding the cores to the HTTP side between steps (the default).")
+              help="ONNX Runtime's threads spin-wait inside a decode step (between its parallel sections, at most "
+                   f"--spin-us, default {RUN_SPIN_US} us, at a time) and sleep the moment the step ends, yielding the "
+                   "cores to the HTTP side between steps (the default).")
 @click.option("--spin", "spin", flag_value="on",
               help="Let ONNX Runtime's threads spin-wait between runs too (its own default).")
 @click.option("--no-spin", "spin", flag_value="off",
@@ -130,6 +135,8 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
         return _serve_classifier(uvicorn, app, model, name, host, port, max_queue, api_key, threads, device,
                                  shutdown_timeout, limits, max_rows, max_examples, batch_wait)
     template = _read_chat_template(chat_template) if chat_template is not None else None
+    if spin == "runs" and spin_us is None:
+        spin_us = RUN_SPIN_US
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(
         threads=threads, spin=spin != "off" or spin_us is not None, spin_us=spin_us,
         spin_between_runs=spin != "runs"))

@@ -1,13 +1,15 @@
 """`gptedge serve --spin-us N`: ONNX Runtime's threads spin at most N microseconds before they sleep, as
 `SessionConfig(spin_us=N)` asks the session (session.intra_op.spin_duration_us); it implies spinning.
 `--spin-in-runs` (the default): they spin inside a run only (`SessionConfig(spin_between_runs=False)`, ONNX Runtime's
-session.force_spinning_stop); `--spin` spins between runs too, `--no-spin` never."""
+session.force_spinning_stop), at most RUN_SPIN_US at a time unless --spin-us says; `--spin` spins between runs too
+(ORT's own spin), `--no-spin` never."""
 
 from __future__ import annotations
 
 import pytest
 
 from gptedge.cli import main
+from gptedge.cli.serve import RUN_SPIN_US
 from gptedge.runtime import SessionConfig, load
 from gptedge.runtime.errors import InvalidArgumentError
 
@@ -73,9 +75,9 @@ class _Loaded(Exception):
 
 @pytest.mark.parametrize(("args", "spin", "spin_us", "between"), [
     (["--spin-us", "200"], True, 200, False), (["--no-spin", "--spin-us", "50"], True, 50, True),
-    (["--spin"], True, None, True), (["--no-spin"], False, None, True), ([], True, None, False),
-    (["--spin-in-runs"], True, None, False), (["--spin", "--spin-in-runs"], True, None, False),
-    (["--spin-in-runs", "--spin-us", "100"], True, 100, False)])
+    (["--spin"], True, None, True), (["--no-spin"], False, None, True), ([], True, RUN_SPIN_US, False),
+    (["--spin-in-runs"], True, RUN_SPIN_US, False), (["--spin", "--spin-in-runs"], True, RUN_SPIN_US, False),
+    (["--spin-in-runs", "--spin-us", "300"], True, 300, False)])
 def test_serve_passes_the_spin_setting_to_the_session(runner, monkeypatch, gpt2_model_dir, args, spin, spin_us,
                                                       between):
     import gptedge.cli.serve as serve_cli
