@@ -1,12 +1,12 @@
 """Where one streaming client's tokens cost CPU in `gptedge serve`, next to the bare decode loop (`gptedge bench`).
 
     python benchmarks/serve_overhead.py MODEL_DIR [--requests 4] [--prompt 32] [--new 128] [--threads 2]
-        [--serve-args='--spin'] [--bench-spin on|off|default] [--repeat 3]
+        [--serve-args='--spin'] [--bench-spin on|off|default] [--repeat 3] [--clients 1]
 
 A cost breakdown, not a speed figure: the per-token CPU seconds of each part of the server process, measured the
 same way for `serve` (one client streaming --requests completions one after another, --prompt seeded ids, --new
-greedy tokens, ignore_eos) and for the bench loop (`generate_batch` of one prompt, `with_text=False`, as `gptedge
-bench` runs it), in turns (bench, serve, bench, serve, ...: --repeat pairs).
+greedy tokens, ignore_eos; --clients N: N such clients at once) and for the bench loop (`generate_batch` of one
+prompt, `with_text=False`, as `gptedge bench` runs it), in turns (bench, serve, bench, serve, ...: --repeat pairs).
 
 Per generated token (each request's prefill counted in, as one of its runs):
 - `ort_wall_us`: wall time inside `InferenceSession.run_with_iobinding` (the model itself);
@@ -156,9 +156,13 @@ def measure_serve(model: Path, prompts: list[list[int]], args, tmp: Path) -> dic
             async with httpx.AsyncClient(base_url=url, timeout=600) as http:
                 await one_request(http, prompts[-1], 8)  # warm-up
                 before = snapshot_of(proc, snap)
-                started, tokens = time.perf_counter(), 0
-                for p in prompts[:args.requests]:
-                    tokens += (await one_request(http, p, args.new)).tokens
+                started = time.perf_counter()
+
+                async def client(mine: list[list[int]]) -> int:  # its requests one after another
+                    return sum([(await one_request(http, p, args.new)).tokens for p in mine])
+
+                n = args.clients[0]  # client c sends prompts c, c + n, ...: every prompt once
+                tokens = sum(await asyncio.gather(*(client(prompts[c:n * args.requests:n]) for c in range(n))))
                 wall = time.perf_counter() - started
                 return per_token(before, snapshot_of(proc, snap), tokens, wall), tokens, wall
 
@@ -215,10 +219,14 @@ def main() -> None:
     ap.add_argument("--ort-config", default="", help="KEY=VALUE,... session config entries for both sides "
                     "(e.g. session.intra_op.spin_duration_us=200).")
     ap.add_argument("--no-bench", action="store_true", help="Serve only (an A/B of serve options).")
+    ap.add_argument("--clients", type=int, default=1, help="Concurrent streaming clients, each sending --requests "
+                    "(the serve side; the bench loop stays one prompt).")
     ap.add_argument("--child-bench", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="Also write every row here.")
     args = ap.parse_args()
-    args.clients = [1]
+    if args.clients < 1:
+        ap.error("--clients must be >= 1")
+    args.clients = [args.clients]  # serve_load's shape: load_prompts makes max(clients) x requests prompts
     if args.child_bench:
         return child_bench(args)
     args.serve_args = args.serve_args.split()

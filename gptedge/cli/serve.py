@@ -40,6 +40,13 @@ from gptedge.serve.options import model_name as model_name_check
 from .group import command
 from .options import count, device_option, diag, import_extra, threads_option
 
+# What `serve` does with ONNX Runtime's spin-waiting unless told: off | runs (inside a decode step only) | on
+DEFAULT_SPIN = "runs"
+# --spin-in-runs' bound on one spin (us) unless --spin-us says: past it a thread sleeps, inside a step too. Unbounded,
+# spinning inside runs took 1.4x --no-spin's CPU per token at 8 clients on a shared 2-core host, bounded 1.2x
+# (benchmarks/results/serve-spin-2026-11-26.md)
+RUN_SPIN_US = 100
+
 
 def _is_loopback(host: str) -> bool:
     try:
@@ -76,12 +83,17 @@ def _listen(host: str, port: int) -> socket.socket:
               help="MiB of memory for the keys and values of prompt prefixes seen before: a prompt that starts with "
                    "one (a system prompt, a conversation's history) prefills only the rest. Least recently used "
                    "blocks go first; 0 turns reuse off.")
-@click.option("--spin/--no-spin", default=False, show_default=True,
-              help="Let ONNX Runtime's threads spin-wait between runs (off: they yield the cores to the HTTP "
-                   "side at once).")
+@click.option("--spin-in-runs", "spin", flag_value="runs", default=DEFAULT_SPIN,
+              help="ONNX Runtime's threads spin-wait inside a decode step (between its parallel sections, at most "
+                   f"--spin-us, default {RUN_SPIN_US} us, at a time) and sleep the moment the step ends, yielding the "
+                   "cores to the HTTP side between steps (the default).")
+@click.option("--spin", "spin", flag_value="on",
+              help="Let ONNX Runtime's threads spin-wait between runs too (its own default).")
+@click.option("--no-spin", "spin", flag_value="off",
+              help="Never spin: threads sleep as soon as they run out of work, inside a step too.")
 @click.option("--spin-us", default=None, type=count(1, MAX_SPIN_US),
               help="Spin, but at most this many microseconds after each piece of work before sleeping (implies "
-                   "--spin): threads stay hot inside a decode step and free the cores soon after it.")
+                   "spinning; with --spin-in-runs, none after a step either).")
 @click.option("--max-queue", default=64, show_default=True, type=count(1, MAX_QUEUE),
               help="Requests waiting for a batch row; beyond it requests get 429.")
 @click.option("--max-tokens-limit", default=None, type=count(1),
@@ -103,7 +115,7 @@ def _listen(host: str, port: int) -> socket.socket:
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
 def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, prefix_cache_mb: int,
-          spin: bool, spin_us: int | None, max_queue: int,
+          spin: str, spin_us: int | None, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
           shutdown_timeout: float, web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int,
           max_examples: int, batch_wait: float, chat_template: Path | None) -> None:
@@ -123,8 +135,11 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
         return _serve_classifier(uvicorn, app, model, name, host, port, max_queue, api_key, threads, device,
                                  shutdown_timeout, limits, max_rows, max_examples, batch_wait)
     template = _read_chat_template(chat_template) if chat_template is not None else None
+    if spin == "runs" and spin_us is None:
+        spin_us = RUN_SPIN_US
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(
-        threads=threads, spin=spin or spin_us is not None, spin_us=spin_us))
+        threads=threads, spin=spin != "off" or spin_us is not None, spin_us=spin_us,
+        spin_between_runs=spin != "runs"))
     _ = loaded.tokenizer  # fail on a missing tokenizer before serving
     context = loaded.manifest.shape.context_length
     if max_tokens_limit is not None and max_tokens_limit > context:

@@ -65,6 +65,10 @@ class SessionConfig:
     # Runtime's session.intra_op.spin_duration_us; None: its own default). A short spin keeps the threads hot
     # between the parallel sections of one run and yields the cores soon after the run.
     spin_us: int | None = None
+    # With spin on: False stops the spinning the moment a run returns (ONNX Runtime's session.force_spinning_stop):
+    # the threads spin only in the gaps between the parallel sections of a run, and sleep between runs, when the
+    # server's event loop and its clients need the cores. True (ORT's default) spins on after a run as well.
+    spin_between_runs: bool = True
     # On CUDA, replay decode steps as captured CUDA graphs where the dir's graph allows it (a kv_buffer graph
     # with a wide mask: runtime/graphs/cuda_graph.py). A second session holds the weights again on the GPU.
     cuda_graph: bool = True
@@ -120,6 +124,8 @@ def make_session(model_path: str | bytes, device: str = "auto", config: SessionC
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
     if config.spin_us is not None:
         options.add_session_config_entry("session.intra_op.spin_duration_us", str(config.spin_us))
+    if not config.spin_between_runs:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     if external_data_dir is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", external_data_dir)
     if config.profile_prefix:
