@@ -3,7 +3,7 @@ LayerNorms (biases), rotary positions on the first rotary_pct of each head, a fu
 per head, a GELU MLP, an optional parallel residual (h + attn(ln_1 h) + mlp(ln_2 h)) and an untied embed_out.
 
 Its graph reuses the rotary writers (graph_rotary.py) with NeoX's projections: the fused per-head
-query_key_value weight is split at export into q, k and v linears (rows regrouped, no arithmetic).
+query_key_value weight is regrouped at export into one packed q | k | v linear (rows moved, no arithmetic).
 See base.py for what a family module supplies.
 """
 
@@ -142,23 +142,24 @@ class Block(nn.Module):
 
 
 class _NeoXProjections:
-    """NeoX's fused per-head QKV as three linears: rows (nh, 3, hs, C) regrouped to q, k, v (C, C) each."""
+    """NeoX's fused per-head QKV as one packed q | k | v linear: rows (nh, 3, hs, C) regrouped to (3, nh, hs, C)."""
 
     n_head: int
     head_dim: int
 
-    def project(self, g: GraphWriter, x: str, w: Weights, i: int) -> tuple[str, str, str]:
-        p = f"h.{i}.attention"
-        rows = w[f"{p}.query_key_value.weight"].reshape(self.n_head, 3, self.head_dim, -1)
+    def qkv_name(self, i: int) -> str:
+        return f"h.{i}.attention.qkv"
+
+    def packed_qkv(self, w: Weights, i: int) -> Weights:
+        p, name = f"h.{i}.attention", self.qkv_name(i)
+        rows = w[f"{p}.query_key_value.weight"]
+        packed = {f"{name}.weight": np.ascontiguousarray(
+            rows.reshape(self.n_head, 3, self.head_dim, -1).transpose(1, 0, 2, 3).reshape(rows.shape))}
         bias = w.get(f"{p}.query_key_value.bias")
-        out = []
-        for j, name in enumerate("qkv"):
-            part = {f"{p}.{name}.weight": np.ascontiguousarray(rows[:, j].reshape(-1, rows.shape[-1]))}
-            if bias is not None:
-                part[f"{p}.{name}.bias"] = np.ascontiguousarray(bias.reshape(self.n_head, 3, self.head_dim)[:,
-                                                                                                            j].reshape(-1))
-            out.append(dense(g, x, part, f"{p}.{name}"))
-        return out[0], out[1], out[2]
+        if bias is not None:
+            packed[f"{name}.bias"] = np.ascontiguousarray(
+                bias.reshape(self.n_head, 3, self.head_dim).transpose(1, 0, 2).reshape(-1))
+        return packed
 
     def output(self, g: GraphWriter, y: str, w: Weights, i: int) -> str:
         return dense(g, y, w, f"h.{i}.attention.dense")

@@ -16,7 +16,8 @@ Two attention writers, one per graph variant, called per layer as graph_attentio
   from the caller the cache holds what the reference's does, byte for byte comparable (rung 3).
 
 Projection weights are stored [in, out] (the MatMul's layout; transformers' Linear stores [out, in]).
-A family names its projections through `project` / `output` (Llama's q_proj, k_proj, v_proj, o_proj).
+A family names its projections through `packed_qkv` / `output`: one packed q | k | v linear (Llama's q_proj,
+k_proj, v_proj concatenated at export: `h.N.self_attn.qkv_proj`) split after the MatMul, and o_proj.
 """
 
 from __future__ import annotations
@@ -45,11 +46,30 @@ def dense(g: GraphWriter, x: str, w: Weights, prefix: str) -> str:
 
 
 def rms_norm(g: GraphWriter, x: str, w: Weights, prefix: str, eps: float) -> str:
-    """weight * x / sqrt(mean(x^2) + eps) over the last axis, in the shape ONNX Runtime fuses into
-    SimplifiedLayerNormalization (opset 17 has no RMSNormalization)."""
+    """weight * x / sqrt(mean(x^2) + eps) over the last axis. In a contrib graph (kv_buffer) ONNX Runtime's
+    SimplifiedLayerNormalization (its schema, in the ONNX domain), one node; in a plain one six standard ops (opset
+    17 has no RMSNormalization), the shape ONNX Runtime's optimizer fuses into that node at session creation."""
+    gamma = g.const(f"{prefix}.weight", w[f"{prefix}.weight"])
+    if g.contrib:
+        return g.one("SimplifiedLayerNormalization", [x, gamma], name=prefix, axis=-1, epsilon=eps)
     ms = g.one("ReduceMean", [g.one("Pow", [x, g.f32(2.0)])], axes=[-1], keepdims=1)
     y = g.one("Div", [x, g.one("Sqrt", [g.one("Add", [ms, g.f32(eps)])])])
-    return g.one("Mul", [g.const(f"{prefix}.weight", w[f"{prefix}.weight"]), y], name=prefix)
+    return g.one("Mul", [gamma, y], name=prefix)
+
+
+def residual_rms_norm(g: GraphWriter, x: str, skip: str, w: Weights, prefix: str, eps: float,
+                      name: str) -> tuple[str, str]:
+    """A residual add and the RMSNorm after it: x, skip (B, S, C) -> (rms_norm(x + skip), x + skip). In a contrib
+    graph one com.microsoft SkipSimplifiedLayerNormalization, whose fourth output is the sum itself (the next
+    residual reads it; its mean and inverse-deviation outputs are left unwritten); in a plain one an Add (`name`)
+    and rms_norm."""
+    if not g.contrib:
+        total = g.one("Add", [skip, x], name=name)
+        return rms_norm(g, total, w, prefix, eps), total
+    normed, _, _, total = g.op("SkipSimplifiedLayerNormalization",
+                               [x, skip, g.const(f"{prefix}.weight", w[f"{prefix}.weight"])], name=prefix,
+                               outputs=[f"{prefix}_out", "", "", f"{name}_out"], domain=MS_DOMAIN, epsilon=eps)
+    return normed, total
 
 
 class _Rotary:
@@ -66,9 +86,25 @@ class _Rotary:
         self.sin_cache = g.const("rotary.sin_cache", sin)
 
     def project(self, g: GraphWriter, x: str, w: Weights, i: int) -> tuple[str, str, str]:
-        """x (B, S, C) -> q (B, S, nh * hs), k and v (B, S, nkv * hs)."""
-        p = f"h.{i}.self_attn"
-        return tuple(dense(g, x, w, f"{p}.{n}_proj") for n in "qkv")  # type: ignore[return-value]
+        """x (B, S, C) -> q (B, S, nh * hs), k and v (B, S, nkv * hs): one packed q | k | v linear (one MatMul, one
+        kernel dispatch a step instead of three), then a Split."""
+        y = dense(g, x, self.packed_qkv(w, i), self.qkv_name(i))  # (B, S, (nh + 2 nkv) hs)
+        sizes = [self.n_head * self.head_dim] + [self.n_kv * self.head_dim] * 2
+        q, k, v = g.op("Split", [y, g.i64(sizes)], n_out=3, name=f"{self.qkv_name(i)}.Split", axis=-1)
+        return q, k, v
+
+    def qkv_name(self, i: int) -> str:
+        """The packed projection's name in the graph (its weight `NAME.weight`, the name quantize matches)."""
+        return f"h.{i}.self_attn.qkv_proj"
+
+    def packed_qkv(self, w: Weights, i: int) -> Weights:
+        """Llama's q_proj, k_proj, v_proj (each [out, in]) stacked along out: {NAME.weight [(nh + 2 nkv) hs, C],
+        NAME.bias where they have biases (Qwen2)}."""
+        p, name = f"h.{i}.self_attn", self.qkv_name(i)
+        packed = {f"{name}.weight": np.concatenate([w[f"{p}.{n}_proj.weight"] for n in "qkv"], axis=0)}
+        if f"{p}.q_proj.bias" in w:
+            packed[f"{name}.bias"] = np.concatenate([w[f"{p}.{n}_proj.bias"] for n in "qkv"], axis=0)
+        return packed
 
     def output(self, g: GraphWriter, y: str, w: Weights, i: int) -> str:
         return dense(g, y, w, f"h.{i}.self_attn.o_proj")

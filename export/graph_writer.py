@@ -27,9 +27,11 @@ Weights = dict[str, np.ndarray]  # reference parameter name -> float32 array: wh
 class GraphWriter:
     """Collects nodes and initializers with unique names."""
 
-    def __init__(self, sink: WeightSink | None = None, opset: int = 17) -> None:
+    def __init__(self, sink: WeightSink | None = None, opset: int = 17, contrib: bool = False) -> None:
         self.sink = sink or WeightSink()  # default: every initializer inline
         self.opset = opset  # the graph's ONNX opset: ops whose signature changed (Reduce* axes at 18) ask it
+        # the graph is written with ONNX Runtime's contrib ops (its attention's kind): a family's norms may be too
+        self.contrib = contrib
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._count = 0

@@ -4,7 +4,9 @@ attention (fewer key/value heads than query heads), optional q/k/v/o biases and 
 
 HF config.json (LlamaConfig) -> LlamaConfig below, refusing what the reference does not implement by name;
 weight names (transformers' own under `model.`, layers as our `h.`); the reference block; its ONNX graph
-(graph_rotary.py: plain ops on the standard graph, RotaryEmbedding + GroupQueryAttention on kv_buffer).
+(graph_rotary.py: plain ops on the standard graph, RotaryEmbedding + GroupQueryAttention and RMSNorms as ONNX
+Runtime's (Skip)SimplifiedLayerNormalization and SiLU as its QuickGelu on kv_buffer; one packed q | k | v projection
+on both).
 See base.py for what a family module supplies.
 """
 
@@ -25,8 +27,8 @@ from .base import Family
 from .graph_writer import Weights
 from .config import GPTConfig, positive_int
 from .graph_attention import AttentionWriter
-from .graph_rotary import RotaryGroupQueryAttention, RotaryPlainAttention, dense, rms_norm
-from .graph_writer import GraphWriter
+from .graph_rotary import RotaryGroupQueryAttention, RotaryPlainAttention, dense, residual_rms_norm, rms_norm
+from .graph_writer import MS_DOMAIN, GraphWriter
 from .layers import KV
 from .rotary import cos_sin, inv_freq, rope_scaling, rotate
 
@@ -205,18 +207,29 @@ def write_norm(g: GraphWriter, x: str, w: Weights, prefix: str, cfg: GPTConfig) 
     return rms_norm(g, x, w, prefix, cfg.layer_norm_epsilon)
 
 
+def silu(g: GraphWriter, x: str, name: str) -> str:
+    """silu(x) = x sigmoid(x): com.microsoft QuickGelu with alpha 1 (x sigmoid(alpha x)) in a contrib graph, one
+    node instead of two."""
+    if g.contrib:
+        return g.one("QuickGelu", [x], name=name, domain=MS_DOMAIN, alpha=1.0)
+    return g.one("Mul", [x, g.one("Sigmoid", [x])], name=name)
+
+
 def write_blocks(g: GraphWriter, h: str, w: Weights, cfg: GPTConfig, attention: AttentionWriter) -> str:
-    """h (B, S, C) token embeddings -> the last block's output (B, S, C), before the final norm."""
+    """h (B, S, C) token embeddings -> the last block's output (B, S, C), before the final norm. Each residual add
+    but the last is written with the RMSNorm after it (graph_rotary.residual_rms_norm: one node in a contrib graph)."""
+    eps = cfg.layer_norm_epsilon
+    x = rms_norm(g, h, w, "h.0.input_layernorm", eps)
     for i in range(cfg.n_layer):
         p = f"h.{i}"
-        h = g.one("Add", [h, attention(write_norm(g, h, w, f"{p}.input_layernorm", cfg), w, i)],
-                  name=f"{p}.attn.residual")
-        x = write_norm(g, h, w, f"{p}.post_attention_layernorm", cfg)
-        gate = dense(g, x, w, f"{p}.mlp.gate_proj")
-        act = g.one("Mul", [gate, g.one("Sigmoid", [gate])], name=f"{p}.mlp.silu")  # silu(x) = x sigmoid(x)
+        x, h = residual_rms_norm(g, attention(x, w, i), h, w, f"{p}.post_attention_layernorm", eps,
+                                 name=f"{p}.attn.residual")
+        act = silu(g, dense(g, x, w, f"{p}.mlp.gate_proj"), f"{p}.mlp.silu")
         mlp = dense(g, g.one("Mul", [act, dense(g, x, w, f"{p}.mlp.up_proj")]), w, f"{p}.mlp.down_proj")
-        h = g.one("Add", [h, mlp], name=f"{p}.mlp.residual")
-    return h
+        if i + 1 == cfg.n_layer:
+            return g.one("Add", [h, mlp], name=f"{p}.mlp.residual")
+        x, h = residual_rms_norm(g, mlp, h, w, f"h.{i + 1}.input_layernorm", eps, name=f"{p}.mlp.residual")
+    return h  # no blocks
 
 
 FAMILY = Family(arch="llama", hf_model_type="llama", config_from_hf=config_from_hf, config_to_hf=config_to_hf,

@@ -64,7 +64,7 @@ def build_graph(cfg: GPTConfig, weights: Weights, opset: int = DEFAULT_OPSET, fu
     fam = family(cfg.arch)
     attention = choose_attention(fam.attention_kinds(cfg), graph, fused, f"{cfg.arch} ({cfg.activation})")
     log.info("%s graph: %s blocks, %s", graph, cfg.arch, attention.__name__)
-    g = GraphWriter(sink, opset)
+    g = GraphWriter(sink, opset, contrib=attention.contrib)
     g.const(C.LOGITS_TO_KEEP, np.array(0, dtype=np.int64))  # the optional input's default (see _model)
     wte = g.const("wte.weight", weights["wte.weight"])  # (V, C): stored once, used by Gather and the LM head
     allowed = _allowed_mask(g)

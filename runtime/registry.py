@@ -62,12 +62,11 @@ class GraphEntry(Entry):
 # its family-neutral name: the names `quantize --keep-8bit` matches (docs/quantization.md#linear-names).
 GPT2_LINEARS = (("attn.c_attn", "attention.qkv"), ("attn.c_proj", "attention.o"), ("mlp.c_fc", "mlp.up"),
                 ("mlp.c_proj", "mlp.down"))
-LLAMA_LINEARS = (("self_attn.q_proj", "attention.q"), ("self_attn.k_proj", "attention.k"),
-                 ("self_attn.v_proj", "attention.v"), ("self_attn.o_proj", "attention.o"),
+# Llama's q_proj, k_proj, v_proj and NeoX's query_key_value: one packed projection in the graph (graph_rotary.py)
+LLAMA_LINEARS = (("self_attn.qkv_proj", "attention.qkv"), ("self_attn.o_proj", "attention.o"),
                  ("mlp.gate_proj", "mlp.gate"), ("mlp.up_proj", "mlp.up"), ("mlp.down_proj", "mlp.down"))
-GPT_NEOX_LINEARS = (("attention.q", "attention.q"), ("attention.k", "attention.k"), ("attention.v", "attention.v"),
-                    ("attention.dense", "attention.o"), ("mlp.dense_h_to_4h", "mlp.up"),
-                    ("mlp.dense_4h_to_h", "mlp.down"))
+GPT_NEOX_LINEARS = (("attention.qkv", "attention.qkv"), ("attention.dense", "attention.o"),
+                    ("mlp.dense_h_to_4h", "mlp.up"), ("mlp.dense_4h_to_h", "mlp.down"))
 
 
 @dataclass(frozen=True)

@@ -172,10 +172,9 @@ def test_neutral_names_map_onto_every_family():
 
 
 @pytest.mark.parametrize("variant,patterns,eight", [
-    # 2 layers: mlp.down in each, all four attention linears of layer 0, and the 8-bit LM head
+    # 2 layers: mlp.down in each, both attention linears of layer 0 (packed qkv, o), and the 8-bit LM head
     ("gqa2-linear", ["*.mlp.down", "h.0.attention.*"], ["h.0.mlp.down_proj", "h.1.mlp.down_proj",
-                                                         "h.0.self_attn.q_proj", "h.0.self_attn.k_proj",
-                                                         "h.0.self_attn.v_proj", "h.0.self_attn.o_proj"]),
+                                                         "h.0.self_attn.qkv_proj", "h.0.self_attn.o_proj"]),
     ("neox-parallel", ["*.attention.o"], ["h.0.attention.dense", "h.1.attention.dense"]),
     ("qwen2-qkv-bias", ["h.1.mlp.gate_proj"], ["h.1.mlp.gate_proj"]),  # the graph's own name works too
 ])
@@ -199,9 +198,8 @@ def test_gpt2_patterns_on_another_family_are_refused_naming_the_neutral_ones(fp3
                                        "--method", "weight-only", "--bits", "4", "--keep-8bit", "*.mlp.c_proj"])
     assert result.exit_code == 2 and not (tmp_path / "q").exists()
     assert result.output.strip().splitlines()[-1] == (
-        "Error: --keep-8bit '*.mlp.c_proj' matches no linear: they are named h.N.{attention.k / attention.o / "
-        "attention.q / attention.v / mlp.down / mlp.gate / mlp.up} (N = 0 .. 1), or as the graph names them "
-        "(h.0.self_attn.q_proj)")
+        "Error: --keep-8bit '*.mlp.c_proj' matches no linear: they are named h.N.{attention.o / attention.qkv / "
+        "mlp.down / mlp.gate / mlp.up} (N = 0 .. 1), or as the graph names them (h.0.self_attn.qkv_proj)")
 
 
 @pytest.fixture(scope="module")
@@ -246,8 +244,8 @@ def test_serve_pool_decodes_gqa_with_a_quantized_cache(gqa_caches, cache):
 
 
 def test_awq_on_rmsnorm_is_recorded_as_not_applied(fp32_dirs, root, tmp_path):
-    """AWQ folds its scales into a LayerNormalization before a linear; Llama's RMSNorm is plain ops, so there is
-    none: the dir is quantized without it and its manifest says so (a warning says why)."""
+    """AWQ folds its scales into a LayerNormalization before a linear; Llama's RMSNorm is none (SimplifiedLayerNorm-
+    alization on kv_buffer, plain ops on standard): the dir is quantized without it and its manifest says so."""
     out = tmp_path / "awq"
     said = quantize(fp32_dirs["gqa2-linear"], out, "--method", "weight-only", "--bits", "4", "--awq", "--calibration",
              str(ROOT / "samples" / "calibration" / "emma_ch1-4.txt"), "--calibration-length", "32",
@@ -257,7 +255,7 @@ def test_awq_on_rmsnorm_is_recorded_as_not_applied(fp32_dirs, root, tmp_path):
 
 
 def test_gptq_rounds_every_llama_linear_and_leaves_the_head(fp32_dirs, tmp_path):
-    """--gptq on Llama's Linear layout (separate q / k / v sharing one input, GQA, an untied head): every block
+    """--gptq on Llama's Linear layout (q / k / v packed into one linear, GQA, an untied head): every block
     linear's blocks differ from the plain rounding's, in the same initializers; the untied head is not touched."""
     args = ("--method", "weight-only", "--bits", "4")
     text = ("--calibration", str(ROOT / "samples" / "calibration" / "emma_ch1-4.txt"), "--calibration-length", "32",
