@@ -67,6 +67,11 @@ LLAMA_LINEARS = (("self_attn.qkv_proj", "attention.qkv"), ("self_attn.o_proj", "
                  ("mlp.gate_proj", "mlp.gate"), ("mlp.up_proj", "mlp.up"), ("mlp.down_proj", "mlp.down"))
 GPT_NEOX_LINEARS = (("attention.qkv", "attention.qkv"), ("attention.dense", "attention.o"),
                     ("mlp.dense_h_to_4h", "mlp.up"), ("mlp.dense_4h_to_h", "mlp.down"))
+# The same blocks as gptedge wrote them before q|k|v were packed (one linear each): dirs exported then still load.
+LLAMA_UNPACKED_LINEARS = (("self_attn.q_proj", "attention.q"), ("self_attn.k_proj", "attention.k"),
+                          ("self_attn.v_proj", "attention.v"), *LLAMA_LINEARS[1:])
+GPT_NEOX_UNPACKED_LINEARS = (("attention.q", "attention.q"), ("attention.k", "attention.k"),
+                             ("attention.v", "attention.v"), *GPT_NEOX_LINEARS[1:])
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class FamilyEntry(Entry):
 
     final_norm: bool | None = None  # None: not said (the arch is then not checked against the graph)
     linears: tuple[tuple[str, str], ...] = GPT2_LINEARS
+    # the block linears of graphs an earlier gptedge wrote for the family (load still takes them), or ()
+    older_linears: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,11 +147,13 @@ FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
     "gpt2": FamilyEntry("gptedge.export.gpt2", final_norm=True),
     "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False),
     # RMSNorm, not LayerNorm: no norm count to check
-    "llama": FamilyEntry("gptedge.export.llama", linears=LLAMA_LINEARS),
+    "llama": FamilyEntry("gptedge.export.llama", linears=LLAMA_LINEARS, older_linears=LLAMA_UNPACKED_LINEARS),
     # GPT-NeoX has GPT-2's norm count (2n + 1): not said, so a GPT-2 graph's count still names GPT-2 alone
-    "gpt_neox": FamilyEntry("gptedge.export.gpt_neox", linears=GPT_NEOX_LINEARS),
-    "qwen2": FamilyEntry("gptedge.export.qwen2", linears=LLAMA_LINEARS),
-    "mistral": FamilyEntry("gptedge.export.mistral", linears=LLAMA_LINEARS),
+    "gpt_neox": FamilyEntry("gptedge.export.gpt_neox", linears=GPT_NEOX_LINEARS,
+                                 older_linears=GPT_NEOX_UNPACKED_LINEARS),
+    "qwen2": FamilyEntry("gptedge.export.qwen2", linears=LLAMA_LINEARS, older_linears=LLAMA_UNPACKED_LINEARS),
+    "mistral": FamilyEntry("gptedge.export.mistral", linears=LLAMA_LINEARS,
+                              older_linears=LLAMA_UNPACKED_LINEARS),
 })
 QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization method", "METHOD", {
     "dynamic": MethodEntry("gptedge.quantize.dynamic",

@@ -37,6 +37,12 @@ def block_linears(n_layer: int, arch: str = "gpt2") -> dict[str, str]:
     return {f"h.{i}.{graph}": f"h.{i}.{neutral}" for i in range(n_layer) for graph, neutral in linears}
 
 
+def older_block_linears(n_layer: int, arch: str) -> dict[str, str] | None:
+    """block_linears as an earlier gptedge wrote the family's graphs (before q|k|v were packed), or None."""
+    older = FAMILIES.entry(arch).older_linears if arch in FAMILIES else ()
+    return {f"h.{i}.{graph}": f"h.{i}.{neutral}" for i in range(n_layer) for graph, neutral in older} or None
+
+
 def kept_at_8bit(names: str | tuple[str, ...], patterns: tuple[str, ...]) -> bool:
     """Whether a linear matches one of a recipe's keep_8bit patterns by any of its names: its neutral name
     (h.3.attention.o) or its graph's (h.3.attn.c_proj, so GPT-2's old patterns keep working)."""
