@@ -21,14 +21,21 @@ from .support.checkpoints import (  # noqa: F401 - re-exported for test files th
 SERIAL_FOLDERS = {"ray": "tests/ray"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into each test's node id
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
+    if not getattr(config.option, "loadgroup", False):  # set on the workers of `--dist loadgroup` only
         return
     for item in items:
         group = None if item.get_closest_marker("xdist_group") else _work_unit(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+        group = group or next((m.args[0] for m in item.iter_markers("xdist_group") if m.args), None)
+        if group and hasattr(item, "_id") and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):
+            # The scheduler groups by "NODEID@GROUP". xdist 3.8 writes that into item._nodeid, which pytest 9.2
+            # no longer reads (a node id is item._id), so its groups would be silently ignored: write it here.
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 def _work_unit(item) -> str | None:
