@@ -13,6 +13,42 @@ from .support.checkpoints import (  # noqa: F401 - re-exported for test files th
     tiny_config, tiny_reference, write_checkpoint)
 
 
+# pytest-xdist (scripts/test.sh: `-n 2 --dist loadgroup`) runs a work unit per worker: one test, or all the tests of
+# one xdist_group. A fixture wider than a test and narrower than the session is built once per worker that runs one
+# of its tests, so each test module holding one is a group (its fixture is built once, as in a serial run); tests/ray
+# is one group (the one Ray cluster of tests/ray/conftest.py, which two workers must not start twice).
+# Session fixtures are built once per worker, or once per run where they share a folder (built_once).
+SERIAL_FOLDERS = {"ray": "tests/ray"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    if not getattr(config.option, "loadgroup", False):  # set on the workers of `--dist loadgroup` only
+        return
+    for item in items:
+        group = None if item.get_closest_marker("xdist_group") else _work_unit(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+        group = group or next((m.args[0] for m in item.iter_markers("xdist_group") if m.args), None)
+        if group and hasattr(item, "_id") and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):
+            # The scheduler groups by "NODEID@GROUP". xdist 3.8 writes that into item._nodeid, which pytest 9.2
+            # no longer reads (a node id is item._id), so its groups would be silently ignored: write it here.
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+def _work_unit(item) -> str | None:
+    """The xdist_group of a test: its folder's, its module (when it takes a wider fixture), or none (alone)."""
+    module = item.nodeid.split("::")[0]
+    for group, folder in SERIAL_FOLDERS.items():
+        if module.startswith(folder + "/"):
+            return group
+    wide = any(defs and defs[-1].scope in ("class", "module", "package")
+               for defs in item._fixtureinfo.name2fixturedefs.values())
+    return module if wide else None
+
+
 @pytest.fixture
 def runner():
     """click's CliRunner: the `gptedge` command in process (tests/support/cli.py has the subprocess runners)."""
@@ -67,17 +103,29 @@ def gpt2_kv_buffer_loaded(tmp_path_factory, gpt2_checkpoint):
 def task_checkpoints(tmp_path_factory) -> dict[str, Path]:
     """transformers' fine-tuned classes (tests/support/task_checkpoints.py), tiny and seeded: head name -> checkpoint
     dir."""
-    from .support.task_checkpoints import build_checkpoints
+    from .support.task_checkpoints import HEADS, build_checkpoints
 
-    return build_checkpoints(tmp_path_factory.mktemp("task-checkpoints"))
+    root = built_once(tmp_path_factory, "task-checkpoints", lambda out: _folder_of(build_checkpoints, out),
+                      for_mutants=False)
+    return {head: root / head for head in HEADS}
 
 
 @pytest.fixture(scope="session")
 def task_dirs(tmp_path_factory, task_checkpoints) -> dict[str, Path]:
     """Those checkpoints exported as classifier dirs (task_checkpoints.EXPORTS): name -> dir."""
-    from .support.task_checkpoints import build_dirs
+    from .support.task_checkpoints import EXPORTS, build_dirs
 
-    return build_dirs(tmp_path_factory.mktemp("task-dirs"), task_checkpoints)
+    root = built_once(tmp_path_factory, "task-dirs",
+                      lambda out: _folder_of(lambda folder: build_dirs(folder, task_checkpoints), out),
+                      for_mutants=False)
+    return {name: root / name for name in EXPORTS}
+
+
+def _folder_of(build, out: Path) -> Path:
+    """build(out) fills the folder out (made here) with several things; built_once wants the folder back."""
+    out.mkdir(parents=True)
+    build(out)
+    return out
 
 
 # The web / mobile targets' recipes, made from the shipped (trained) sample model: its peaked distributions keep
@@ -93,12 +141,14 @@ def sample_recipe_dirs(tmp_path_factory) -> dict[str, Path]:
     from gptedge.export.exporter import export_checkpoint
     from gptedge.quantize.quantizer import QuantizeRecipe, quantize_model_dir
 
-    root = tmp_path_factory.mktemp("recipes")
-    dirs = {}
-    for name, recipe in WEB_RECIPES.items():
-        dirs[name] = root / name
-        if recipe is None:
-            export_checkpoint(SAMPLE_MODEL, dirs[name], validate=False)
-        else:
-            quantize_model_dir(dirs["fp32"], dirs[name], QuantizeRecipe(**recipe))
-    return dirs
+    def build(root: Path) -> Path:
+        root.mkdir(parents=True)
+        for name, recipe in WEB_RECIPES.items():
+            if recipe is None:
+                export_checkpoint(SAMPLE_MODEL, root / name, validate=False)
+            else:
+                quantize_model_dir(root / "fp32", root / name, QuantizeRecipe(**recipe))
+        return root
+
+    root = built_once(tmp_path_factory, "recipes", build, for_mutants=False)
+    return {name: root / name for name in WEB_RECIPES}

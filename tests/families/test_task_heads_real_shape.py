@@ -1,7 +1,7 @@
-"""The original GPT's task heads at its real shape (12 x 768, 512 positions, 40,478 tokens), seeded random weights in
-transformers' OpenAIGPTForSequenceClassification and OpenAIGPTDoubleHeadsModel: exported (no tokenizer: the special
-tokens named by id, as the paper's were appended to the vocabulary), validated, and compared with transformers on
-rows up to the full context."""
+"""The original GPT's task heads at its real widths (768 wide, 512 positions, 40,478 tokens; 2 of its 12 blocks, the
+same code each, as in test_openai_gpt.py), seeded random weights in transformers' OpenAIGPTForSequenceClassification
+and OpenAIGPTDoubleHeadsModel: exported (no tokenizer: the special tokens named by id, as the paper's were appended
+to the vocabulary), validated, and compared with transformers on rows up to the full context."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
-VOCAB, CONTEXT = 40478, 512
+N_LAYER, VOCAB, CONTEXT = 2, 40478, 512
 SPECIAL = {"start": VOCAB - 3, "delimiter": VOCAB - 2, "extract": VOCAB - 1}
 
 
@@ -25,8 +25,8 @@ def test_real_shape_heads_match_transformers(tmp_path, model_class, task):
     from gptedge.export.head_export import export_task
 
     torch.manual_seed(0)
-    config = transformers.OpenAIGPTConfig(num_labels=3, pad_token_id=0)
-    assert (config.n_layer, config.n_embd, config.vocab_size, config.n_positions) == (12, 768, VOCAB, CONTEXT)
+    config = transformers.OpenAIGPTConfig(num_labels=3, pad_token_id=0, n_layer=N_LAYER)
+    assert (config.n_embd, config.vocab_size, config.n_positions) == (768, VOCAB, CONTEXT)
     model = getattr(transformers, model_class)(config).eval()
     model.save_pretrained(tmp_path / "ck")
     manifest = export_task(tmp_path / "ck", tmp_path / "out", task=task, special=SPECIAL)

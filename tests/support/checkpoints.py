@@ -66,16 +66,24 @@ def write_checkpoint(model, out: Path, tokenizer: bool = True) -> Path:
     return out
 
 
-def built_once(tmp_path_factory, name: str, build) -> Path:
-    """A session fixture's folder, made by build(path): in a fresh temp folder, or, when GPTEDGE_TEST_CACHE is
-    set (benchmarks/mutation.py), once per mutation run there, so each mutant's tests reuse what the unmutated
-    baseline run built instead of exporting again."""
-    cache = os.environ.get("GPTEDGE_TEST_CACHE")
+def built_once(tmp_path_factory, name: str, build, for_mutants: bool = True) -> Path:
+    """A session fixture's folder, made by build(path): in a fresh temp folder; under pytest-xdist
+    (scripts/test.sh runs 2 workers) once per run in the folder the workers' temp folders share, the first worker
+    to ask building it while the others wait on a file lock (xdist's documented recipe); or, when
+    GPTEDGE_TEST_CACHE is set (benchmarks/mutation.py), once per mutation run there, so each mutant's tests reuse
+    what the unmutated baseline run built instead of exporting again (unless for_mutants is False: what the
+    mutated code must rebuild). Tests read these folders, never write them."""
+    cache = os.environ.get("GPTEDGE_TEST_CACHE") if for_mutants else None
+    if not cache and os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = str(tmp_path_factory.getbasetemp().parent / "built-once")
     if not cache:
         return build(tmp_path_factory.mktemp(name) / name)
+    from filelock import FileLock
+
     out = Path(cache) / name
-    if not out.exists():
-        Path(cache).mkdir(parents=True, exist_ok=True)
-        part = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache)) / name
-        os.replace(build(part), out)
+    Path(cache).mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if not out.exists():
+            part = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache)) / name
+            os.replace(build(part), out)
     return out
