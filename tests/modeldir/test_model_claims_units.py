@@ -344,8 +344,11 @@ class Tokenizer:
     def id_to_token(self, i):
         return f"t{i}" if 0 <= i < 98 else {98: "<pad>", 99: "<|endoftext|>"}.get(i)
 
+    def token_to_id(self, t):
+        return {"<pad>": 98, "<|endoftext|>": 99}.get(t, int(t[1:]) if t[:1] == "t" and t[1:].isdigit() else None)
+
     def get_vocab_size(self, with_added_tokens=True):
-        return self.size
+        return self.size if with_added_tokens else self.size - 2  # 98 and 99 are added tokens
 
 
 def test_end_and_start_ids_are_special_tokens_of_the_tokenizer(tmp_path):
@@ -429,3 +432,33 @@ def test_a_plugins_method_and_graph_variant_say_nothing_to_check(tmp_path):
     finally:
         QUANTIZATION_METHODS.unregister("toy-int8")
         GRAPH_VARIANTS.unregister("toy_standard")
+
+
+def test_the_cache_type_is_read_from_the_first_layers_input(tmp_path):
+    """A one-layer graph has past_key_values.0 only: its type is the cache's."""
+    assert claims(Manifest(SHAPE), facts(layers=1, cache="float16"), tmp_path) == [
+        f"{SAYS} kv_cache fp32, the graph's cache is float16 (float32 expected)"]
+
+
+def test_an_ort_format_graphs_weights_are_not_read(tmp_path):
+    """Its initializers were rewritten by the converter (and there is no model.onnx here to read): the recipe's
+    per-weight claims are not compared, its ops are."""
+    linear = node("MatMulIntegerToFloat", "xq", "w", "xs", "s")
+    f = facts(linear, inits={"w": Initializer("w", (4, 3), "int8", None), "s": Initializer("s", (3,), "float32", None)})
+    m = Manifest(SHAPE, precision="int8", quantization=Quantization(method="dynamic", per_channel=False))
+    assert claims(m, f, tmp_path, ort_format=True) == []
+    with pytest.raises(FileNotFoundError):  # a model.onnx's weights would be read
+        claims(m, f, tmp_path)
+
+
+def test_a_classifiers_special_tokens_are_read_against_its_tokenizer_config(tmp_path):
+    from gptedge.runtime.modeldir.tasks import SpecialTokens, Task, transformation
+
+    task = Task("classification", "sequence-classification", transformation("classification"),
+                SpecialTokens(start=1, extract=2))
+    m = Manifest(SHAPE, task=task)
+    assert claims(m, facts(layers=0), tmp_path, Tokenizer()) == []
+    write(tmp_path, "tokenizer_config.json", {"cls_token": "<|endoftext|>", "bos_token": "t1"})
+    assert claims(m, facts(layers=0), tmp_path, Tokenizer()) == [
+        f"{SAYS} the extract token is 2, which is 't2' in tokenizer.json; tokenizer_config.json declares "
+        "'<|endoftext|>' (cls_token) = 99"]
