@@ -54,6 +54,18 @@ def test_a_dynamic_linear_as_recorded_has_no_problem(tmp_path, op):
     assert problems(tmp_path, facts, per_channel=True, reduce_range=True) == []
     facts = dynamic(tmp_path, weight(127), [0.1], op)
     assert problems(tmp_path, facts, per_channel=False, reduce_range=False) == []
+    assert problems(tmp_path, facts, per_channel=True, reduce_range=True) == [
+        f"{SAYS} per_channel true, the graph's w has one scale for all its output channels",
+        f"{SAYS} reduce_range true, the graph's w reaches 127 (past the 7-bit range -63..63)"]
+
+
+def test_ops_before_the_first_quantized_linear_are_passed_over(tmp_path):
+    nodes = [helper.make_node("Gather", ["emb", "x"], ["e"]), helper.make_node("LayerNormalization", ["e"], ["n"]),
+             helper.make_node("MatMulIntegerToFloat", ["xq", "w", "xs", "s"], ["y"], domain="com.microsoft")]
+    facts = write(tmp_path, nodes, {"emb": np.ones((5, 4), np.float32), "w": weight(127),
+                                    "s": np.array([0.1], np.float32)})
+    assert problems(tmp_path, facts, per_channel=False, reduce_range=True) == [
+        f"{SAYS} reduce_range true, the graph's w reaches 127 (past the 7-bit range -63..63)"]
 
 
 @pytest.mark.parametrize("largest, reduced", [(63, True), (64, False), (127, False), (1, True)])
