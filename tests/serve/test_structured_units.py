@@ -108,7 +108,7 @@ def test_the_schema_name_rule_on_both_sides_of_its_length(name, ok):
     if ok:
         assert requested_constraint(body)[0] == "response_format"
     else:
-        assert refused(body).message == NAME_LINE
+        assert (refused(body).param, refused(body).message) == ("response_format", NAME_LINE)
 
 
 @pytest.mark.parametrize("spec, line", [
@@ -120,12 +120,15 @@ def test_the_schema_name_rule_on_both_sides_of_its_length(name, ok):
     ({"schema": [1]}, "response_format.json_schema.schema must be a JSON schema (an object)"),
 ])
 def test_malformed_json_schema_fields(spec, line):
-    assert refused(json_schema(**spec)).message == line
+    e = refused(json_schema(**spec))
+    assert (e.param, e.message) == ("response_format", line)
 
 
 def test_a_missing_schema_is_refused():
     body = {"response_format": {"type": "json_schema", "json_schema": {"name": "out"}}}
-    assert refused(body).message == "response_format.json_schema.schema must be a JSON schema (an object)"
+    e = refused(body)
+    assert (e.param, e.message) == ("response_format", "response_format.json_schema.schema must be a JSON schema "
+                                                       "(an object)")
 
 
 class Compiler:
