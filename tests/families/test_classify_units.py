@@ -278,3 +278,12 @@ def test_load_classifier_refuses_what_is_not_a_classifier_dir(tmp_path, gpt2_mod
         cl.load_classifier(str(gpt2_model_dir))
     assert str(caught.value) == (f"{gpt2_model_dir} is a language model, not a classifier (its gptedge.json names no "
                                  "task): use gptedge generate / gptedge.runtime.load")
+
+
+def test_the_default_batch_is_32_rows(tokenizer):
+    clf = classifier("classification", tokenizer)
+    clf.classify_batch(["a"] * 33)
+    assert [s[0] for s in clf.session.runs] == [32, 1]
+    clf = classifier("classification", tokenizer)
+    clf.classify_rows([[[1, 2]]] * 32)
+    assert [s[0] for s in clf.session.runs] == [32]
