@@ -287,3 +287,22 @@ def test_the_default_batch_is_32_rows(tokenizer):
     clf = classifier("classification", tokenizer)
     clf.classify_rows([[[1, 2]]] * 32)
     assert [s[0] for s in clf.session.runs] == [32]
+
+
+def test_load_classifier_checks_the_dir_as_gptedge_wrote_it(tmp_path, monkeypatch):
+    """Not as an imported dir (whose claims are mostly skipped): every claim, file record and hash is checked."""
+    import json
+
+    m = head_manifest()
+    (tmp_path / "gptedge.json").write_text(json.dumps(m.to_dict()))
+    asked = {}
+
+    def opened(model_dir, manifest, imported, device, session):
+        asked.update(model_dir=model_dir, imported=imported, device=device, session=session)
+        return Session(out_shape=(1, 2)), model_dir / "model.onnx", "tok"
+
+    monkeypatch.setattr(cl, "open_checked_session", opened)
+    clf = cl.load_classifier(tmp_path, device="cpu")
+    assert asked == {"model_dir": tmp_path, "imported": False, "device": "cpu", "session": None}
+    assert clf.task == m.task and clf.tokenizer == "tok" and clf.device == "cpu" and clf.output == "logits"
+    assert clf.load_s >= 0
