@@ -143,3 +143,22 @@ def test_bias_tanh_and_the_choice_reshape(body):
     torch.testing.assert_close(got.reshape(-1), flat + 0.25)
     torch.testing.assert_close(tanh(ids, mask), torch.tanh(got))
     assert not plain.weight.requires_grad and not plain.bias.requires_grad
+
+
+@pytest.mark.parametrize("head, kind, outputs", [("gpt2-seq", HEAD_SEQUENCE, 3), ("gpt2-mc", HEAD_CHOICE, 1)])
+def test_a_checkpoint_loads_as_its_head_with_its_config(tmp_path, head, kind, outputs):
+    import json
+
+    from gptedge.export.task_heads import load_task_checkpoint
+
+    from ..support.task_checkpoints import make_checkpoint
+
+    ck = make_checkpoint(head, tmp_path / head)
+    model, config = load_task_checkpoint(ck)
+    assert config == json.loads((ck / "config.json").read_text(encoding="utf-8"))
+    assert model.kind.name == kind and model.num_outputs == outputs and not model.training
+    assert (model.bias is None) == (kind == HEAD_SEQUENCE)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    out = model(ids, mask) if kind == HEAD_SEQUENCE else model(ids[None], mask[None])
+    assert out.shape == ((2, 3) if kind == HEAD_SEQUENCE else (1, 2)) and torch.isfinite(out).all()
