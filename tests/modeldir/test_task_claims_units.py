@@ -161,3 +161,10 @@ def test_every_problem_is_listed_in_order():
         ["gptedge.json's", "task", "combines"], ["gptedge.json's", "task", "template"],
         ["gptedge.json's", "task", "uses"], ["gptedge.json", "says", "the"], ["gptedge.json", "says", "task"],
         ["gptedge.json", "says", "the"]]
+
+
+def test_a_recorded_id_after_an_unrecorded_role_is_still_checked():
+    """A plain template records no start token; an extract id it does record is still checked."""
+    t = task("classification", transformation=plain_transformation("classification"),
+             special_tokens=SpecialTokens(extract=VOCAB))
+    assert problems(t) == [f"{SAYS} the extract token is {VOCAB}, outside the model's vocabulary (0..99)"]
