@@ -95,3 +95,12 @@ def test_a_truncated_ort_model_is_one_line(graphs, tmp_path):
 def test_what_it_cannot_check_is_said():
     assert unchecked() == ("the ORT format's initializers are folded by its converter: the recipe's per-weight "
                            "claims (per_channel, reduce_range) are not checked on it")
+
+
+def test_names_that_are_not_utf8_are_read_with_replacement_characters(graphs, tmp_path):
+    raw = graphs[1].read_bytes()
+    assert b"ids" in raw
+    (tmp_path / "odd.ort").write_bytes(raw.replace(b"ids", b"i\xffs"))  # same length: every offset still holds
+    facts = read_ort_facts(tmp_path / "odd.ort")
+    assert facts.input_types == {"x": "float32", "i\ufffds": "int64"}
+    assert facts.nodes[3].inputs == ("g", "i\ufffds")
