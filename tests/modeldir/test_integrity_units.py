@@ -52,7 +52,7 @@ def test_the_graph_must_be_a_file_inside_the_dir(d):
     (d / "model.onnx").mkdir()  # a folder of that name is not the graph either
     with pytest.raises(ModelDirError, match=r": no model.onnx$"):
         model_path(d, m)
-    with pytest.raises(ModelDirError, match="not a plain path inside the model directory"):
+    with pytest.raises(ModelDirError, match=r"model_file '\.\./model\.onnx' is not a plain path inside the model "):
         model_path(d, m.replace(model_file="../model.onnx"))
 
 
@@ -125,3 +125,24 @@ def test_graph_facts_say_whether_the_graph_is_in_the_ort_format(d):
     (d / "model.ort").write_bytes(b"\x08\x00\x00\x00ORTM" + b"\x00" * 4)
     with pytest.raises(ModelDirError, match="not a readable ORT-format model"):
         graph_facts(d / "model.ort")
+
+
+def test_onnx_runtimes_error_is_cut_to_its_first_200_characters(d, monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("y" * 300 + "\nsecond line")
+
+    monkeypatch.setattr(integrity, "make_session", fails)
+    with pytest.raises(ModelDirError) as caught:
+        opened(d)
+    assert str(caught.value) == f"{d / 'model.onnx'}: ONNX Runtime cannot load it ({'y' * 200})"
+
+
+def test_gptedges_own_session_errors_pass_through(d, monkeypatch):
+    from gptedge.runtime.errors import DeviceError
+
+    def fails(*args, **kwargs):
+        raise DeviceError("no CUDA here")
+
+    monkeypatch.setattr(integrity, "make_session", fails)
+    with pytest.raises(DeviceError, match="^no CUDA here$"):
+        opened(d)
