@@ -50,10 +50,12 @@ def test_a_config_that_is_not_json_is_one_line(tmp_path):
 
 def test_special_tokens_are_the_named_strings_and_added_tokens_contents(tmp_path):
     config(tmp_path, {"bos_token": "<s>", "eos_token": {"content": "</s>", "special": True}, "pad_token": None,
-                      "unk_token": {"special": True}, "sep_token": 3, "mask_token": "<mask>", "cls_token": "<cls>",
+                      "unk_token": {"content": "<unk>"}, "sep_token": 3, "mask_token": "<mask>", "cls_token": "<cls>",
                       "model_max_length": 512, "chat_template": "x", "additional_special_tokens": ["<a>"]})
-    assert special_tokens(tmp_path) == {"bos_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>",
-                                        "cls_token": "<cls>"}
+    assert special_tokens(tmp_path) == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                        "mask_token": "<mask>", "cls_token": "<cls>"}
+    config(tmp_path, {"pad_token": "<pad>", "sep_token": {"special": True}})  # an AddedToken without content: left out
+    assert special_tokens(tmp_path) == {"pad_token": "<pad>"}
     assert special_tokens(tmp_path / "absent") == {}
 
 
@@ -127,3 +129,10 @@ def test_valid_messages_come_back_as_copies():
                                                   "name": "bot"}, ({"role": "tool", "content": "r"})]
     out = check_messages(tuple(given))
     assert out == given and all(a is not b for a, b in zip(out, given, strict=True))
+
+
+def test_a_template_is_compiled_once():
+    from gptedge.runtime.modeldir.chat_template import _compiled
+
+    template = "{{ messages | length }} messages"
+    assert _compiled(template) is _compiled(template)  # served chat requests reuse it
