@@ -306,3 +306,13 @@ def test_load_classifier_checks_the_dir_as_gptedge_wrote_it(tmp_path, monkeypatc
     assert asked == {"model_dir": tmp_path, "imported": False, "device": "cpu", "session": None}
     assert clf.task == m.task and clf.tokenizer == "tok" and clf.device == "cpu" and clf.output == "logits"
     assert clf.load_s >= 0
+
+
+def test_an_unknown_template_part_names_every_field(tmp_path):
+    line = transformation("entailment")
+    m = head_manifest("entailment", transformation=dataclasses.replace(
+        line, sequences=(("start", "premise", "delimiter", "hyp", "extract"),)), special_tokens=TOKENS)
+    with pytest.raises(ModelDirError) as caught:
+        check_head_graph(Session(out_shape=(1, 2)), m, tmp_path / "model.onnx")
+    assert str(caught.value) == (f"{tmp_path}: gptedge.json's task template names 'hyp', neither a field (premise, "
+                                 "hypothesis) nor a special token")
