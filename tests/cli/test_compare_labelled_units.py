@@ -125,12 +125,16 @@ def test_everything_is_checked_then_each_dir_loaded_and_the_table_printed(stood_
     rows = [ROW, dataclasses.replace(ROW, model="/x/q8", method="dynamic", accuracy=0.5, agreement=0.75, kl=0.25)]
     assert out == cl.compact_report(rows, str(labelled), 3)
     assert "| q8 | dynamic | 2.50 | 50.00 % | 75.00 % | 0.25 | 12.3 | 456.8 |" in out.splitlines()
+    assert out.splitlines()[2:4] == ["| model | method | size MB | accuracy | agree with ref | KL(ref‖model) | "
+                                     "ex/s batch 1 | ex/s batch 32 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
 
 
 def test_json_prints_every_row(stood_in, capsys):
     seen, labelled = stood_in
     cl.compare_labelled(("a", "b"), str(labelled), 1, "cpu", 1, True, None, ())
-    data = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr().out
+    data = json.loads(printed)
+    assert printed == json.dumps(data, indent=2) + "\n"  # indented by 2, as written
     assert [r["model"] for r in data] == ["/x/fp32", "/x/q8"] and data[1]["accuracy"] == 0.5
     assert data[0] == ROW.to_dict()
 
