@@ -331,6 +331,9 @@ def cli_cases() -> list[Case]:
         cli("pack-mobile-mobile-dir", ["pack", "{mob}", "--target", "mobile", "-o", "{out}"], "fail"),
         cli("pack-web-two-checkpoints", ["pack", "{lm}", "{llama}", "--target", "web", "-o", "{out}", "--no-page"],
             "refuse"),
+        # same shape, config and tokenizer, other weights (other recorded checkpoint hashes): refused, not one site
+        cli("pack-web-same-shape-two-checkpoints", ["pack", "{lm}", "{otherdyn}", "--target", "web", "-o", "{out}",
+                                                    "--no-page"], "refuse"),
         cli("pack-web-same-dir-twice", ["pack", "{lm}", "{lm}", "--target", "web", "-o", "{out}", "--no-page"],
             "refuse"),
         cli("pack-mobile-two-dirs", ["pack", "{lm}", "{dyn}", "--target", "mobile", "-o", "{out}"], "refuse"),

@@ -39,7 +39,7 @@ class Context:
         built = (i / "built").is_file()
         i.mkdir(parents=True, exist_ok=True)
         self.cases.mkdir(exist_ok=True)
-        names = ["ck", "lm", "kvb", "dyn", "w4", "llama", "clsck", "cls", "mob", "earlier"]
+        names = ["ck", "lm", "kvb", "dyn", "w4", "llama", "clsck", "cls", "mob", "earlier", "otherdyn"]
         self.paths.update({n: str(i / n) for n in names})
         if not built:
             write_checkpoint(tiny_reference("gpt2"), i / "ck")
@@ -54,6 +54,12 @@ class Context:
             write_mobile_model(i / "lm", i / "mob")
             (i / "earlier").mkdir()
             (i / "earlier" / "notes.txt").write_text("an earlier output the user keeps\n")
+        if not (i / "otherdyn").is_dir():  # built apart: a work dir kept from an earlier pass gains it
+            # the GPT-2 of `lm`'s shape and tokenizer with other weights (another checkpoint), as dynamic INT8: with
+            # `lm` (fp32) it is two dtypes of what a web site would present as one model
+            write_checkpoint(tiny_reference("gpt2", seed=9), i / "otherck")
+            export_checkpoint(i / "otherck", i / "otherfp32", validate=False)
+            quantize_model_dir(i / "otherfp32", i / "otherdyn", QuantizeRecipe(method="dynamic"))
         text = EXCERPT.read_text(encoding="utf-8")
         files = {
             "text": text[:4000], "long_text": text, "empty": "", "one_word": "Hello",

@@ -10,6 +10,7 @@ converter's optimizations, so the recipe's per-weight checks (per_channel, reduc
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 from ..errors import ModelDirError
@@ -97,7 +98,7 @@ def read_ort_facts(path: str | Path) -> GraphFacts:
         facts.input_types.update({n: types.get(n, "") for n in _strings(graph, GRAPH_INPUTS)
                                   if n not in facts.initializers})
         facts.output_types.update({n: types.get(n, "") for n in _strings(graph, GRAPH_OUTPUTS)})
-    except (ValueError, IndexError, UnicodeDecodeError, OSError) as e:
+    except (ValueError, IndexError, UnicodeDecodeError, OSError, struct.error) as e:  # struct: offsets past the end
         raise ModelDirError(f"{path}: not a readable ORT-format model ({type(e).__name__}: {e})") from None
     return facts
 
