@@ -4,6 +4,7 @@ imported here too, so `from .conftest import tiny_reference` keeps working."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,32 @@ from .support.checkpoints import (  # noqa: F401 - re-exported for test files th
 # is one group (the one Ray cluster of tests/ray/conftest.py, which two workers must not start twice).
 # Session fixtures are built once per worker, or once per run where they share a folder (built_once).
 SERIAL_FOLDERS = {"ray": "tests/ray"}
+
+
+def pytest_configure(config):
+    _keep_the_worker_to_its_cpus()
+
+
+def _keep_the_worker_to_its_cpus() -> None:
+    """Under xdist, worker gwI (of N) and every thread and process it starts run on CPUs I, I+N, ... only. ONNX
+    Runtime sizes its intra-op pool by the CPUs a process may use, and its threads spin-wait after each run: two
+    workers on 2 cores each running 2-thread pools spun against each other, and the suite took longer on two workers
+    than on one (about 30 min vs 24). Kept to one core each, every session of a worker is one thread that never waits
+    for the other worker's. GPTEDGE_TEST_PIN=0 turns it off."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or os.environ.get("GPTEDGE_TEST_PIN") == "0":
+        return
+    if not hasattr(os, "sched_setaffinity"):  # not Linux
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        return
+    share = set(cpus[int(worker[2:]) % count::count])
+    for task in os.listdir("/proc/self/task"):  # every thread already running (execnet's), not only this one
+        try:
+            os.sched_setaffinity(int(task), share)
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 @pytest.hookimpl(tryfirst=True)
