@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from .support.cpus import EVERY_CPU
 from .support.checkpoints import (  # noqa: F401 - re-exported for test files that import them from here
     EXCERPT, GPT2_TOKENIZER, GPT2_VOCAB, ROOT, SAMPLE_MODEL, built_once, copy_gpt2_tokenizer, reference_perplexity,
     tiny_config, tiny_reference, write_checkpoint)
@@ -41,6 +42,7 @@ def _keep_the_worker_to_its_cpus() -> None:
     if len(cpus) < count:
         return
     share = set(cpus[int(worker[2:]) % count::count])
+    os.environ[EVERY_CPU] = ",".join(map(str, cpus))  # for a test that must see them all (tests/support/cpus.py)
     for task in os.listdir("/proc/self/task"):  # every thread already running (execnet's), not only this one
         try:
             os.sched_setaffinity(int(task), share)

@@ -25,6 +25,7 @@ import pytest
 
 from gptedge.runtime import load
 
+from ..support.cpus import every_cpu
 from ..support.server import start_server, stop_server
 from ..support.web_clients import CHROMIUM, chromium_args, need_chromium
 
@@ -44,12 +45,16 @@ def browser():
     need_chromium()
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
+    with every_cpu():  # the driver, and the Chromium it starts, may use every CPU: the page's WASM threads follow them
+        p = sync_playwright().start()
+    try:
         b = p.chromium.launch(executable_path=CHROMIUM, args=chromium_args())
         try:
             yield b
         finally:
             b.close()
+    finally:
+        p.stop()
 
 
 @pytest.fixture(scope="module")
