@@ -179,12 +179,19 @@ def factor_cache(folder: Path):
         _FACTOR_FOLDER.reset(token)
 
 
-def _factor_path(folder: Path, model_dir: Path, text: str, windows: list[np.ndarray], input_name: str) -> Path:
+def _run_key(model_dir: Path, text: str, windows: list[np.ndarray]):
+    """What every input's H of this run depends on, hashed once (copy() it per input)."""
     key = hashlib.sha256()
-    for part in (str(model_dir.resolve()), text, input_name, str(ACT_ORDER), str(PERCDAMP)):
+    for part in (str(model_dir.resolve()), text, str(ACT_ORDER), str(PERCDAMP)):
         key.update(part.encode("utf-8", "surrogatepass") + b"\0")
     for ids in windows:
         key.update(ids.tobytes())
+    return key
+
+
+def _factor_path(folder: Path, run_key, input_name: str) -> Path:
+    key = run_key.copy()
+    key.update(input_name.encode("utf-8", "surrogatepass"))
     return folder / f"{key.hexdigest()[:32]}.npz"
 
 
@@ -223,8 +230,9 @@ def gptq_blocks(model: onnx.ModelProto, recipe: QuantizeRecipe, manifest: Manife
     factors: dict[str, InverseFactor] = {}
     paths: dict[str, Path] = {}
     if folder is not None:
+        run_key = _run_key(model_dir, text, windows)
         for name in by_input:
-            paths[name] = _factor_path(folder, model_dir, text, windows, name)
+            paths[name] = _factor_path(folder, run_key, name)
             cached = _load_factor(paths[name])
             if cached is not None:
                 factors[name] = cached

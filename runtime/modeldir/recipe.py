@@ -33,14 +33,16 @@ def block_linears(n_layer: int, arch: str = "gpt2") -> dict[str, str]:
     """Every block linear of a model: its graph name (less `.weight`) -> its family-neutral name, as the family's
     registry line says: GPT-2 'h.3.attn.c_proj' -> 'h.3.attention.o', Llama 'h.3.self_attn.o_proj' -> the same.
     An arch the registry does not hold (a plugin read before its line is added) has GPT-2's names."""
-    linears = FAMILIES.entry(arch).linears if arch in FAMILIES else GPT2_LINEARS
-    return {f"h.{i}.{graph}": f"h.{i}.{neutral}" for i in range(n_layer) for graph, neutral in linears}
+    return _per_block(n_layer, FAMILIES.entry(arch).linears if arch in FAMILIES else GPT2_LINEARS)
 
 
 def older_block_linears(n_layer: int, arch: str) -> dict[str, str] | None:
     """block_linears as an earlier gptedge wrote the family's graphs (before q|k|v were packed), or None."""
-    older = FAMILIES.entry(arch).older_linears if arch in FAMILIES else ()
-    return {f"h.{i}.{graph}": f"h.{i}.{neutral}" for i in range(n_layer) for graph, neutral in older} or None
+    return _per_block(n_layer, FAMILIES.entry(arch).older_linears if arch in FAMILIES else ()) or None
+
+
+def _per_block(n_layer: int, linears: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    return {f"h.{i}.{graph}": f"h.{i}.{neutral}" for i in range(n_layer) for graph, neutral in linears}
 
 
 def kept_at_8bit(names: str | tuple[str, ...], patterns: tuple[str, ...]) -> bool:

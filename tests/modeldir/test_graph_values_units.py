@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gptedge.runtime.checks.graph_values import read_initializers
 from gptedge.runtime.errors import ModelDirError
+from gptedge.runtime.modeldir.onnx_wire import encode_varint
 
 RNG = np.random.default_rng(3)
 ARRAYS = {
@@ -93,13 +94,7 @@ def test_unpacked_typed_fields_read_one_element_each(tmp_path):
 
 
 def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # negative numbers as protobuf writes them: 64-bit two's complement
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+    return encode_varint(n & ((1 << 64) - 1))  # negative numbers as protobuf writes them: 64-bit two's complement
 
 
 def _len_field(number: int, body: bytes) -> bytes:

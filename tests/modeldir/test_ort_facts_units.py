@@ -18,8 +18,6 @@ from gptedge.runtime.modeldir.onnx_wire import is_ort_format, read_graph_facts
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory):
     """(model.onnx, model.ort) of one tiny graph: float32 and int64 inputs, a float16 output, int attributes."""
-    import onnxruntime as ort
-
     d = tmp_path_factory.mktemp("ort-facts")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [2])
@@ -35,12 +33,19 @@ def graphs(tmp_path_factory):
     model = helper.make_model(helper.make_graph(nodes, "g", [x, ids], [y, z], inits), producer_name="tiny-test",
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, str(d / "model.onnx"))
+    return d / "model.onnx", save_ort(d / "model.onnx", d / "model.ort")
+
+
+def save_ort(onnx_path, ort_path):
+    """The graph at onnx_path as ONNX Runtime writes it in its ORT format (no optimization) -> ort_path."""
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.optimized_model_filepath = str(d / "model.ort")
+    so.optimized_model_filepath = str(ort_path)
     so.add_session_config_entry("session.save_model_format", "ORT")
-    ort.InferenceSession(str(d / "model.onnx"), so, providers=["CPUExecutionProvider"])
-    return d / "model.onnx", d / "model.ort"
+    ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    return ort_path
 
 
 def test_the_ort_graph_has_the_facts_of_its_onnx(graphs):
@@ -61,17 +66,11 @@ def test_the_ort_graph_has_the_facts_of_its_onnx(graphs):
 
 def test_an_initializer_is_not_an_input(graphs, tmp_path):
     """A graph input that is also an initializer (older exporters list weights among inputs) is not a graph input."""
-    import onnxruntime as ort
-
     model = onnx.load(str(graphs[0]))
     model.ir_version = 8
     model.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3]))
     onnx.save(model, str(tmp_path / "m.onnx"))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.optimized_model_filepath = str(tmp_path / "m.ort")
-    so.add_session_config_entry("session.save_model_format", "ORT")
-    ort.InferenceSession(str(tmp_path / "m.onnx"), so, providers=["CPUExecutionProvider"])
+    save_ort(tmp_path / "m.onnx", tmp_path / "m.ort")
     facts = read_ort_facts(tmp_path / "m.ort")
     assert "w" in facts.initializers and set(facts.input_types) == {"x", "ids"}
 
