@@ -9,7 +9,8 @@ its own mask row (manifest wide_mask: export/graph_attention.timeline_lengths).
 - prefill: the prompt runs alone (batch 1) over its slot's row, bound by device address; a long prompt in
   chunks, one per call of the generator, so running rows wait at most one chunk.
 - step: one decode run over all `capacity` rows at once, through a GraphDecoder (runtime/graphs/cuda_graph.py), so
-  on a GPU the step is one replayed CUDA graph whatever the number of sequences. Every row's mask is ones on
+  on a GPU the step is one replayed CUDA graph whatever the number of sequences; step_picked also picks the
+  greedy rows' tokens on the device, so only the rows that sample (or report logprobs) copy logits to the host. Every row's mask is ones on
   [0, held_s]: a joined row writes its new token at held_s; a row still prefilling or free writes a throwaway
   position at held_s, exactly where its own next run writes, so nothing it holds is touched.
 - remove: the slot is free again; nothing is copied or cleared.
@@ -128,7 +129,8 @@ class DeviceSlotPool:
                     break
         return np.stack(out)  # (k, V)
 
-    def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+    def _advance(self, seqs: Sequence[int], tokens: np.ndarray) -> list[int]:
+        """One decode run over every slot, each joined row fed its token -> the rows' slots, in seqs' order."""
         if set(seqs) != self._joined or len(seqs) != len(self._joined):
             raise RuntimeError("a step feeds every joined sequence exactly once")
         ids = np.zeros((self.capacity, 1), np.int64)
@@ -140,8 +142,27 @@ class DeviceSlotPool:
         self.decoder.step(ids, self._mask, pos)
         for s in slots:
             self._hold(s, self._held[s] + 1)
+        return slots
+
+    def step(self, seqs: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+        slots = self._advance(seqs, tokens)
         # (n, V) in seqs' order: only theirs converted
         return self.decoder.logits.numpy()[slots, -1, :].astype(np.float32)
+
+    def step_picked(self, seqs: Sequence[int], tokens: np.ndarray,
+                    needs_logits: Sequence[bool]) -> tuple[np.ndarray, np.ndarray | None]:
+        """step(), with each row's greedy token picked where the logits are (the decoder's ArgMax: on a GPU only
+        the ids cross to the host, (capacity,) int64 instead of (capacity, V) logits) -> (picked (n,) int64 in
+        seqs' order, the logits (m, V) float32 of the m rows flagged in needs_logits, or None when m == 0).
+
+        A server's greedy rows (no logprobs, no grammar, no penalty) need nothing else; copying and converting
+        every row's logits cost more host time per step than the step itself on an H100 (64 x 50,257 fp16)."""
+        slots = self._advance(seqs, tokens)
+        picked = self.decoder.pick()[slots]  # (n,): a copy, the decoder's buffer is overwritten by the next pick
+        wanted = [s for s, needs in zip(slots, needs_logits, strict=True) if needs]
+        if not wanted:
+            return picked, None
+        return picked, self.decoder.logits.numpy()[wanted, -1, :].astype(np.float32)  # (m, V)
 
     def remove(self, seq: int) -> None:
         self.prompt_logits.pop(seq, None)

@@ -70,6 +70,14 @@ class _Active:
     prompt_logprobs: PromptLogprobs | None = None  # computed at prefill, sent with the first event
 
 
+def _plain_greedy(active: _Active) -> bool:
+    """A row whose next token is the logits' argmax and needs nothing else from them (no logprobs, no grammar's
+    mask, no repetition penalty): the pool may pick it where the logits are (select_token's greedy hot path)."""
+    req = active.request
+    return (active.constraint is None and not req.logprobs and req.sampling.is_greedy
+            and req.sampling.repetition_penalty == 1.0)
+
+
 class RequestHandle:
     def __init__(self, active: _Active):
         self._active = active
@@ -313,13 +321,21 @@ class Engine:
     def _decode_step(self) -> None:
         # the constrained rows' next masks are computed on the MaskWorker's thread while the model runs
         masks = self._masks.begin([a.constraint for a in self._running if a.constraint is not None])
+        seqs, fed = [a.seq for a in self._running], np.array([a.pending for a in self._running])
         try:
-            logits = self.pool.step([a.seq for a in self._running], np.array([a.pending for a in self._running]))
+            if getattr(self.pool, "step_picked", None) is not None:  # the GPU's pool: greedy rows picked there
+                needs = [not _plain_greedy(a) for a in self._running]
+                picked, logits = self.pool.step_picked(seqs, fed, needs)
+                rows = iter(() if logits is None else logits)
+                selected = [(next(rows), None) if need else (None, int(tok)) for need, tok in zip(needs, picked,
+                                                                                              strict=True)]
+            else:
+                selected = [(row, None) for row in self.pool.step(seqs, fed)]
         finally:
             if masks is not None:
                 masks.result()
-        for active, row in zip(list(self._running), logits, strict=True):
-            self._emit_next(active, row)
+        for active, (row, tok) in zip(list(self._running), selected, strict=True):
+            self._emit_next(active, row, tok)
             if active.state.result.stop:
                 self._running.remove(active)
                 if self.prefix is not None:  # what its row holds: the prompt and every token but the last
@@ -328,10 +344,12 @@ class Engine:
                 self.pool.remove(active.seq)
         self.metrics.running = len(self._running)
 
-    def _emit_next(self, active: _Active, logits: np.ndarray) -> None:
-        """Select one token from logits (V,), report it, and mark the request done when it ends."""
+    def _emit_next(self, active: _Active, logits: np.ndarray | None, tok: int | None = None) -> None:
+        """Select one token from logits (V,) (or take `tok`, picked on the device for a plain greedy row, logits
+        None), report it, and mark the request done when it ends."""
         req, state, rule = active.request, active.state, active.constraint
-        tok = select_token(logits if rule is None else rule.apply(logits), req.sampling, state.rng, state.seen)
+        if tok is None:
+            tok = select_token(logits if rule is None else rule.apply(logits), req.sampling, state.rng, state.seen)
         logprob, top = None, None
         if req.logprobs:
             logp = log_softmax(logits[None])[0]

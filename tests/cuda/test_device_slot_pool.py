@@ -92,3 +92,69 @@ def test_the_engine_through_the_device_slot_pool_gives_solo_greedy_results(model
     assert all(c.finished() for c in got)
     engine.stop(grace_s=1)
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+
+
+def test_step_picked_picks_each_greedy_row_on_the_device_and_copies_only_flagged_rows(model):
+    """The decoder's ArgMax session (the GPU's, here on the CPU) picks what numpy's argmax of step()'s logits
+    picks, in seqs' order, and only the flagged rows' logits come back."""
+    picking = load(model.model_dir, device="cpu")
+    picking.variant.pick_on_device = True  # the one-node ArgMax session on the CPU, as on a GPU
+    pools = [_device_pool(model, 4), _device_pool(picking, 4)]
+    assert pools[1].decoder._pick is not None
+    for p in pools:
+        drain(p.prefill(1, A, None))
+        drain(p.prefill(2, B, None))
+        drain(p.prefill(3, C_, None))
+    fed = np.array([8, 9, 10])
+    for t in range(4):
+        want = pools[0].step([3, 1, 2], fed + t)  # (3, V)
+        picked, logits = pools[1].step_picked([3, 1, 2], fed + t, [False, True, False])
+        assert picked.tolist() == want.argmax(-1).tolist()
+        assert logits.shape == (1, want.shape[1])
+        np.testing.assert_allclose(logits[0], want[1], atol=2e-5, rtol=0)
+    picked, logits = pools[1].step_picked([3, 1, 2], fed, [False] * 3)
+    assert logits is None and picked.shape == (3,) and picked.dtype == np.int64
+
+
+def test_the_engine_picks_greedy_rows_on_the_device_and_samples_the_rest_as_generate(model):
+    """A batch of plain greedy rows beside sampled, penalised and logprob rows: each gets generate()'s tokens
+    alone, and the plain greedy rows' logits never reach the host."""
+    from gptedge.runtime.generation.sampling import SamplingParams
+    from gptedge.runtime.serving.engine import CompletionRequest, Engine
+
+    from ..support.engine import Collector, staggered_requests
+
+    served = load(model.model_dir, device="cpu")
+    served.variant.pick_on_device = True
+    pools = []
+
+    def pool(capacity, max_length):
+        pools.append(_device_pool(served, capacity))
+        return pools[-1]
+
+    served.variant.sequence_pool = pool
+    requests = staggered_requests(served, 8)  # greedy, top-k, top-p and penalised rows, in turn
+    requests[4] = CompletionRequest(requests[4].prompt_ids, requests[4].max_new_tokens,
+                                    sampling=SamplingParams(greedy=True), logprobs=2)
+    solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, sampling=r.sampling)
+            for r in requests]
+    engine = Engine(served, max_batch=4, max_queue=16, prefill_chunk=None).start()
+    copied = []
+    step_picked = pools[0].step_picked
+
+    def spy(seqs, tokens, needs):
+        picked, logits = step_picked(seqs, tokens, needs)
+        copied.append((len(needs), sum(needs), 0 if logits is None else len(logits)))
+        return picked, logits
+
+    pools[0].step_picked = spy
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+    assert copied and all(flagged == back for _, flagged, back in copied)  # exactly the flagged rows' logits
+    assert any(flagged < rows for rows, flagged, _ in copied)  # some rows were picked on the device
+    assert any(0 < flagged < rows for rows, flagged, _ in copied)  # in steps beside rows that sampled
+    assert got[4].events[0].logprob is not None  # the greedy row with logprobs read its logits
