@@ -4,7 +4,8 @@
     gptedge export .cache/bench/gpt2-small -o .cache/bench/fp32-kvb --graph kv_buffer
     gptedge quantize .cache/bench/fp32-kvb -o .cache/bench/dynamic-kvb --method dynamic
     python benchmarks/serve_load.py .cache/bench/fp32-kvb .cache/bench/dynamic-kvb \\
-        [--clients 1,2,4,8,16] [--prompt 32] [--new 128] [--requests 2] [--threads 2] [--max-batch 16]
+        [--clients 1,2,4,8,16] [--prompt 32] [--new 128] [--requests 2] [--threads 2] [--max-batch 16] \\
+        [--client-procs 1]
 
 For each model it first times `generate` in-process (what `gptedge generate` runs: same prompts, threads and
 greedy decoding), then starts `gptedge serve MODEL --port 0` on loopback in a process of its own, warms it up,
@@ -185,7 +186,9 @@ async def one_request(http, prompt: list[int], new_tokens: int, extra: dict | No
 
 
 async def run_clients(url: str, prompts: list[list[int]], clients: int, per_client: int,
-                      new_tokens: int, extra: dict | None = None) -> tuple[list[RequestTiming], float]:
+                      new_tokens: int, extra: dict | None = None, first: int = 0) -> tuple[list[RequestTiming], float]:
+    """Clients first .. first + clients - 1 of a load, each sending per_client streams one after another ->
+    (every request's timing, the wall time from the first request to the last answer)."""
     import httpx
 
     async def client(i: int, http) -> list[RequestTiming]:
@@ -198,9 +201,41 @@ async def run_clients(url: str, prompts: list[list[int]], clients: int, per_clie
     limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         started = time.perf_counter()
-        done = await asyncio.gather(*(client(i, http) for i in range(clients)))
+        done = await asyncio.gather(*(client(i, http) for i in range(first, first + clients)))
         wall = time.perf_counter() - started
     return [t for ts in done for t in ts], wall
+
+
+def _client_share(url: str, prompts: list[list[int]], clients: int, per_client: int, new_tokens: int,
+                  extra: dict | None, first: int, start_at: float) -> tuple[list[RequestTiming], float, float]:
+    """One client process's share, started at start_at (perf_counter is CLOCK_MONOTONIC: one clock for every
+    process of the machine) -> (timings, started, ended)."""
+    time.sleep(max(0.0, start_at - time.perf_counter()))
+    started = time.perf_counter()
+    timings, wall = asyncio.run(run_clients(url, prompts, clients, per_client, new_tokens, extra, first))
+    return timings, started, started + wall
+
+
+def run_load(url: str, prompts: list[list[int]], clients: int, per_client: int, new_tokens: int,
+             extra: dict | None = None, procs: int = 1) -> tuple[list[RequestTiming], float]:
+    """run_clients, with the clients spread over `procs` processes: one Python process parses ~10k streamed
+    chunks a second (httpx, json), below what a GPU server sends at 64 clients, so there the load generator
+    itself would be measured. The wall time spans the first process's start to the last one's end."""
+    procs = max(1, min(procs, clients))
+    if procs == 1:
+        return asyncio.run(run_clients(url, prompts, clients, per_client, new_tokens, extra))
+    import concurrent.futures
+    import multiprocessing
+
+    shares = [clients // procs + (k < clients % procs) for k in range(procs)]
+    firsts = [sum(shares[:k]) for k in range(procs)]
+    with concurrent.futures.ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(time.sleep, [0.0] * procs))  # the processes up (and importing) before the clock starts
+        start_at = time.perf_counter() + 1.0
+        futures = [pool.submit(_client_share, url, prompts, n, per_client, new_tokens, extra, f, start_at)
+                   for n, f in zip(shares, firsts, strict=True)]
+        done = [f.result() for f in futures]
+    return [t for ts, _, _ in done for t in ts], max(e for _, _, e in done) - min(s for _, s, _ in done)
 
 
 def pct(values, q) -> float:
@@ -219,7 +254,7 @@ def measure_load(url: str, prompts: list[list[int]], args, extra: dict | None = 
     asyncio.run(run_clients(url, prompts, 1, 1, 8, extra))  # warm-up (and waits for the server to accept)
     rows = []
     for c in args.clients:
-        timings, wall = asyncio.run(run_clients(url, prompts, c, args.requests, args.new, extra))
+        timings, wall = run_load(url, prompts, c, args.requests, args.new, extra, args.client_procs)
         gaps = [g for t in timings for g in t.gaps]
         rows.append({"clients": c, "requests": len(timings), "tok_s": sum(t.tokens for t in timings) / wall,
                      "ttft_p50": pct([t.ttft for t in timings], 50), "ttft_p99": pct([t.ttft for t in timings], 99),
@@ -484,6 +519,8 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=None, help="Server's --max-batch (default: the most clients).")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="Where generate and the server run (cuda: the GPU's slot pool and CUDA graphs).")
+    ap.add_argument("--client-procs", type=int, default=1,
+                    help="Processes the clients are spread over (a GPU server at 64 clients outruns one).")
     ap.add_argument("--serve-args", default=None,
                     help="gptedge serve options appended, as --serve-args='--spin' (an A/B of a serve option).")
     peer = ap.add_argument_group("--peer llama-server")

@@ -1,8 +1,8 @@
 """The HTTP routes: parse, validate, submit to the engine, and send its events back (JSON or Server-Sent Events).
 
 The engine thread owns the session; this module never runs the model. Engine events arrive on the engine
-thread and are handed to the event loop (`Job`: gathered under a lock, one `call_soon_threadsafe` per wake of a
-waiting reader). Each route watches its client: one
+thread and are handed to the event loop, and streamed, by event_stream.py (Job, EventStream). Each route watches
+its client: one
 that goes away (mid-body, mid-stream, or while waiting for a whole completion) has its engine requests
 cancelled, which frees their batch rows at the engine's next step, and is counted as a 499, never a 500.
 
@@ -17,7 +17,6 @@ import asyncio
 import functools
 import json
 import logging
-import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -31,13 +30,14 @@ from starlette.routing import Route
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation.text_stream import token_offsets
 from gptedge.runtime.modeldir.chat_template import find_chat_template, special_tokens
-from gptedge.runtime.serving.engine import (CompletionRequest, Engine, EngineStoppedError, FinishReason,
+from gptedge.runtime.serving.engine import (CompletionRequest, EngineStoppedError, FinishReason,
                                             QueueFullError, TokenEvent)
 
 from .chat_app import ChatRoute
 from .classify_app import ClassifyApi
 from .classify_schema import generation_card
 from .completion_choices import ChoiceState, choice_sampling, returned, seeded
+from .event_stream import EventStream, Job
 from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
@@ -71,73 +71,6 @@ def _text_chunk(out: Completion, templates: dict[int, tuple[str, str]], index: i
     return parts[0] + _encode_text(text) + parts[1]
 
 
-class Job:
-    """One completion's engine requests (one per prompt), and their events as (index, TokenEvent) on the loop.
-
-    The engine thread appends each event under a lock and wakes the loop only when the reader is waiting (one
-    `call_soon_threadsafe` per wake, not per event); the reader takes everything gathered since at once. No
-    asyncio.Queue: a queue's `get` awaited beside the disconnect future cost a task and an `asyncio.wait` per
-    token on the event loop, the thread that shares the cores with ONNX Runtime's."""
-
-    def __init__(self, engine: Engine):
-        self.engine, self.loop = engine, asyncio.get_running_loop()
-        self._lock = threading.Lock()
-        self._items: list[tuple[int, TokenEvent]] = []  # events the reader has not taken yet
-        self._waiter: asyncio.Future | None = None  # set while the reader waits for the next event
-        self.handles = []
-
-    def submit(self, requests: list[CompletionRequest]) -> None:
-        """All or nothing (the engine's submit_all): each is checked, then queued; a refusal queues none."""
-        self.handles = self.engine.submit_all(requests, [functools.partial(self._on_event, i)
-                                                         for i in range(len(requests))])
-
-    def _on_event(self, index: int, event: TokenEvent) -> None:  # on the engine thread
-        with self._lock:
-            self._items.append((index, event))
-            waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            try:
-                self.loop.call_soon_threadsafe(_wake, waiter)
-            except RuntimeError:  # the loop is closed: nobody listens any more
-                pass
-
-    def _wake_reader(self, _gone: asyncio.Future) -> None:  # on the loop: the client went away
-        with self._lock:
-            waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            _wake(waiter)
-
-    def cancel(self) -> None:
-        for h in self.handles:
-            h.cancel()
-
-    async def events(self, gone: asyncio.Future) -> AsyncIterator[tuple[int, TokenEvent]]:
-        """Every event until each request has finished; ClientGone as soon as `gone` completes while none is
-        waiting to be read."""
-        remaining = len(self.handles)
-        gone.add_done_callback(self._wake_reader)
-        try:
-            while remaining:
-                with self._lock:
-                    items, self._items = self._items, []
-                    waiter = self._waiter = self.loop.create_future() if not items else None
-                if waiter is not None:
-                    if gone.done():
-                        raise ClientGone()
-                    await waiter
-                    continue
-                for item in items:
-                    remaining -= item[1].finish_reason is not None
-                    yield item
-        finally:
-            gone.remove_done_callback(self._wake_reader)
-
-
-def _wake(waiter: asyncio.Future) -> None:
-    if not waiter.done():  # a reader cancelled while waiting left it cancelled
-        waiter.set_result(None)
-
-
 def _engine_logprobs(top: int | None, ranked: bool = False) -> int:
     """The engine's logprobs count for an API's top-N (None: off): it reports logprobs with N >= 1; `ranked`
     (best_of > n) needs every token's logprob too."""
@@ -151,28 +84,6 @@ def _failure(event: TokenEvent) -> ApiError | None:
     if event.finish_reason == FinishReason.ERROR:
         return ApiError(500, f"generation failed: {event.error}", "server_error")
     return None
-
-
-class EventStream:
-    """A raw ASGI response sending Server-Sent Events; it owns the job and cancels it however it ends."""
-
-    def __init__(self, job: Job, chunks):
-        self.job, self.chunks = job, chunks  # chunks(gone) -> async iterator of data strings
-
-    async def __call__(self, scope, receive, send) -> None:
-        gone = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
-                                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
-            async for data in self.chunks(gone):
-                await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (ClientGone, OSError):
-            log.info("client went away mid-stream; its requests are cancelled")
-        finally:
-            gone.cancel()
-            self.job.cancel()
 
 
 class Api(Routes):

@@ -9,10 +9,10 @@ its own mask row (manifest wide_mask: export/graph_attention.timeline_lengths).
 - prefill: the prompt runs alone (batch 1) over its slot's row, bound by device address; a long prompt in
   chunks, one per call of the generator, so running rows wait at most one chunk.
 - step: one decode run over all `capacity` rows at once, through a GraphDecoder (runtime/graphs/cuda_graph.py), so
-  on a GPU the step is one replayed CUDA graph whatever the number of sequences; step_picked also picks the
-  greedy rows' tokens on the device, so only the rows that sample (or report logprobs) copy logits to the host. Every row's mask is ones on
-  [0, held_s]: a joined row writes its new token at held_s; a row still prefilling or free writes a throwaway
-  position at held_s, exactly where its own next run writes, so nothing it holds is touched.
+  on a GPU the step is one replayed CUDA graph whatever the number of sequences (step_picked also picks the
+  greedy rows' tokens on the device: only rows that sample or report logprobs copy logits to the host). Every
+  row's mask is ones on [0, held_s]: a joined row writes its new token at held_s; a row still prefilling or free
+  writes a throwaway position at held_s, exactly where its own next run writes, so nothing it holds is touched.
 - remove: the slot is free again; nothing is copied or cleared.
 
 Shapes: input_ids / position_ids (capacity, 1), attention_mask (capacity, context), logits (capacity, 1, V).

@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("starlette")
 
 from gptedge.runtime.serving.requests import FinishReason, TokenEvent  # noqa: E402 - after the skip
-from gptedge.serve.app import Job, _dumps, _text_chunk  # noqa: E402 - after the skip
+from gptedge.serve.app import _dumps, _text_chunk  # noqa: E402 - after the skip
+from gptedge.serve.event_stream import EventStream, Job, LoopWaker  # noqa: E402 - after the skip
 from gptedge.serve.limits import ClientGone  # noqa: E402 - after the skip
 from gptedge.serve.openai_schema import Completion  # noqa: E402 - after the skip
 
@@ -121,3 +122,65 @@ def test_a_latency_lands_in_the_first_bucket_at_or_above_it():
     for value in (0.0, 0.01, 0.010001, 0.1, 0.5, 1.0, 2.0, float("inf")):
         h.observe(value)
     assert h.counts == [2, 2, 2, 2]  # le=0.01 holds 0.01 itself (Prometheus' `le`); above every bucket: +Inf
+
+
+def test_wakes_from_another_thread_in_one_loop_turn_cost_one_callback():
+    """64 readers woken by one engine step: one call_soon_threadsafe (one self-pipe write), every reader woken."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (calls.append(a), real(*a))[1]
+        waker = LoopWaker.of(loop)
+        assert LoopWaker.of(loop) is waker  # one per loop
+        waiters = [loop.create_future() for _ in range(64)]
+        thread = threading.Thread(target=lambda: [waker.wake(w) for w in waiters])
+        thread.start()
+        thread.join()  # every wake lands before the loop runs again
+        await asyncio.wait_for(asyncio.gather(*waiters), 10)
+        first = len(calls)
+        later = loop.create_future()
+        threading.Thread(target=waker.wake, args=(later,)).start()
+        await asyncio.wait_for(later, 10)  # a wake after the callback ran schedules a new one
+        return first, len(calls)
+
+    assert asyncio.run(main()) == (1, 2)
+
+
+def _stream_bodies(burst: int, steps: int) -> list[bytes]:
+    """The bodies an EventStream sends when the engine hands over `burst` events between the reader's looks."""
+    async def main():
+        engine = _Handles()
+        job = Job(engine)
+        job.submit([object()])
+        bodies = []
+
+        async def chunks(gone):
+            async for _, event in job.events(gone):
+                yield event.text
+
+        async def receive():
+            await asyncio.Event().wait()  # the client never leaves
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                bodies.append(message["body"])
+
+        async def produce():
+            for s in range(steps):
+                for k in range(burst):
+                    last = s == steps - 1 and k == burst - 1
+                    engine.callbacks[0](_event(f"{s}.{k}", last=last))
+                await asyncio.sleep(0.01)  # the reader takes what was handed over, then waits
+
+        await asyncio.gather(EventStream(job, chunks)({}, receive, send), produce())
+        return bodies
+
+    return asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_events_handed_over_together_go_out_in_one_body_and_lone_ones_at_once():
+    ones = _stream_bodies(1, 5)
+    assert ones == [f"data: {s}.0\n\n".encode() for s in range(5)] + [b""]
+    threes = _stream_bodies(3, 4)
+    assert threes == [b"".join(f"data: {s}.{k}\n\n".encode() for k in range(3)) for s in range(4)] + [b""]
