@@ -14,7 +14,9 @@
 #
 #   bash benchmarks/run_gpu_lease.sh OUT_DIR [BATCHES]
 #   env: TESTS / TESTS_K (which CUDA tests), ENGINES (empty: no benchmark), SIZES (small,xl), TARGETS (gptedge's
-#   dirs: fp16,int8 weight-only), REPEAT, BENCH_TIMEOUT, SERVE_CLIENTS / SERVE_REQUESTS (the serve load)
+#   dirs: fp16,int8 weight-only), REPEAT, BENCH_TIMEOUT, SERVE_CLIENTS / SERVE_REQUESTS / SERVE_PROCS (the serve
+#   load; its clients over SERVE_PROCS processes), SERVE_BEFORE (a folder holding an older gptedge/ and runtime/:
+#   its server takes the same load first, for a side-by-side)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/gpu-out}; BATCHES=${2:-1,8,64}
@@ -61,10 +63,15 @@ if [ -n "${ENGINES-x}" ]; then
     --targets "${TARGETS:-fp16,int8 weight-only}" --out "$OUT/gpu.jsonl" 2>&1 | tail -40
 fi
 if [ -n "${SERVE_CLIENTS:-}" ]; then  # `gptedge serve --device cuda` under C streaming clients (serve_load.py)
-  say "serve load"
   [ -d /tmp/gpu-bench/small-fp16 ] || python3 benchmarks/gpu_bench.py --work /tmp/gpu-bench --sizes small \
     --batches 1 --engines gptedge --repeat 1 --out "$OUT/gpu-prepare.jsonl" >/dev/null 2>&1
-  timeout 300 python3 benchmarks/serve_load.py /tmp/gpu-bench/small-fp16 --device cuda --clients "$SERVE_CLIENTS" \
-    --requests "${SERVE_REQUESTS:-2}" --max-batch 64 2>&1 | tail -30 | tee "$OUT/serve.txt"
+  LOAD="benchmarks/serve_load.py /tmp/gpu-bench/small-fp16 --device cuda --clients $SERVE_CLIENTS
+    --requests ${SERVE_REQUESTS:-2} --max-batch 64 --client-procs ${SERVE_PROCS:-1}"
+  if [ -n "${SERVE_BEFORE:-}" ]; then  # an older tree's server under the same load first (its gptedge on the path)
+    say "serve load, $SERVE_BEFORE"
+    (cd "$SERVE_BEFORE" && timeout 300 python3 "$OLDPWD"/$LOAD 2>&1 | tail -30 | tee "$OUT/serve-before.txt")
+  fi
+  say "serve load"
+  timeout 300 python3 $LOAD 2>&1 | tail -30 | tee "$OUT/serve.txt"
 fi
 say "done"
