@@ -59,7 +59,9 @@ class GraphDecoder:
     """The fixed buffers and bindings of one batch size; one generation at a time uses them (GraphDecodeState)."""
 
     def __init__(self, variant: Any, batch: int, decode_session: Any, run_options: Any = None,
-                 on_failure: Any = None):
+                 on_failure: Any = None, rows_of: GraphDecoder | None = None):
+        """rows_of: a wider decoder whose first `batch` rows of keys and values this one runs over (bound by
+        device address), so a pool steps only the rows in use through a smaller captured graph."""
         shape, ort, device = variant.shape, variant.ort, variant.kv_device
         self.variant, self.batch, self.context = variant, batch, shape.context_length
         self._decode_session, self._run_options = decode_session, run_options
@@ -68,9 +70,13 @@ class GraphDecoder:
         def zeros(shape_, dtype):
             return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape_, dtype), device, 0)
 
+        # (batch, kv_heads, context, width) per layer's keys and values; rows_of's own when given
+        self._kv_shape = [batch, shape.kv_heads, self.context, variant.kv_width]
+        if rows_of is not None and (rows_of.batch < batch or rows_of.context != self.context):
+            raise ValueError(f"a decoder of {batch} rows cannot run over one of {rows_of.batch}")
         # Zeroed once: a column past the timeline is masked, but 0 x NaN bits would still leak through attention.
-        self.kv = [zeros((batch, shape.kv_heads, self.context, variant.kv_width), variant.kv_dtype)
-                   for _ in range(2 * shape.n_layer)]
+        self.kv = rows_of.kv if rows_of is not None else [zeros(self._kv_shape, variant.kv_dtype)
+                                                          for _ in range(2 * shape.n_layer)]
         self.ids, self.pos = zeros((batch, 1), np.int64), zeros((batch, 1), np.int64)  # (B, 1) each
         self.mask_host = np.zeros((batch, self.context), np.int64)  # (B, context): the host copy of self.mask
         self.mask = zeros((batch, self.context), np.int64)
@@ -90,10 +96,15 @@ class GraphDecoder:
 
     def _bind(self, session: Any):
         binding = session.io_binding()
+        device, dtype = self.variant.kv_device, self.variant.kv_dtype
         for past, present, buf in zip(self.variant.names.past_names, self.variant.names.present_names, self.kv,
                                       strict=True):
-            binding.bind_ortvalue_input(past, buf)
-            binding.bind_ortvalue_output(present, buf)
+            if buf.shape()[0] == self.batch:
+                binding.bind_ortvalue_input(past, buf)
+                binding.bind_ortvalue_output(present, buf)
+            else:  # the first `batch` rows of a wider buffer: row-major, so they start at its address
+                binding.bind_input(past, device, 0, dtype, self._kv_shape, buf.data_ptr())
+                binding.bind_output(present, device, 0, dtype, self._kv_shape, buf.data_ptr())
         binding.bind_ortvalue_output(C.LOGITS, self.logits)
         return binding
 
@@ -216,11 +227,11 @@ class CudaGraphs:
         weakref.finalize(state, self._release, batch)
         return state
 
-    def pool_decoder(self, capacity: int) -> GraphDecoder:
+    def pool_decoder(self, capacity: int, rows_of: GraphDecoder | None = None) -> GraphDecoder:
         """A decoder of its own for a server's DeviceSlotPool (never shared with generations), under a graph id
-        apart from the per-batch ones."""
+        apart from the per-batch ones; rows_of: the pool's widest decoder, whose first rows this one runs over."""
         return GraphDecoder(self.variant, capacity, self.session, self._run_options(POOL_GRAPH_IDS + capacity),
-                            self._failed)
+                            self._failed, rows_of)
 
     def _release(self, batch: int) -> None:
         with self._lock:

@@ -155,14 +155,15 @@ class KVBufferGraph(GraphVariant):
         if self.kv_device == "cpu":
             return SlotPool(self, capacity, max_length)
         if self.manifest.wide_mask:  # rows of their own on the device, one (captured) decode run for all of them
-            return DeviceSlotPool(self, capacity, max_length, self.pool_decoder(capacity))
+            return DeviceSlotPool(self, capacity, max_length, self.pool_decoder(capacity), self.pool_decoder)
         return super().sequence_pool(capacity, max_length)  # SlotPool's rows are host memory
 
-    def pool_decoder(self, capacity: int) -> GraphDecoder:
-        """A decoder of `capacity` rows for a DeviceSlotPool: through the capture session where CUDA graphs are on."""
+    def pool_decoder(self, capacity: int, rows_of: GraphDecoder | None = None) -> GraphDecoder:
+        """A decoder of `capacity` rows for a DeviceSlotPool (over the first rows of `rows_of`'s cache when given):
+        through the capture session where CUDA graphs are on."""
         if self.cuda_graphs is not None:
-            return self.cuda_graphs.pool_decoder(capacity)
-        return GraphDecoder(self, capacity, self.session)
+            return self.cuda_graphs.pool_decoder(capacity, rows_of)
+        return GraphDecoder(self, capacity, self.session, rows_of=rows_of)
 
     def forward(self, input_ids, attention_mask, position_ids, past: Sequence[np.ndarray]):
         """Off the generation path (validation, eval): grow the given past into buffers that hold the

@@ -23,9 +23,11 @@ def model(gpt2_kv_buffer_loaded):
     return load(gpt2_kv_buffer_loaded.model_dir, device="cpu")
 
 
-def _device_pool(model, capacity: int) -> DeviceSlotPool:
+def _device_pool(model, capacity: int, narrow: bool = False) -> DeviceSlotPool:
+    """The GPU's pool on the CPU; narrow: steps through decoders over the first rows only (as on a GPU)."""
+    narrower = (lambda rows, wide: GraphDecoder(model.variant, rows, model.session, rows_of=wide)) if narrow else None
     return DeviceSlotPool(model.variant, capacity, model.manifest.shape.context_length,
-                          GraphDecoder(model.variant, capacity, model.session))
+                          GraphDecoder(model.variant, capacity, model.session), narrower)
 
 
 def _schedule(pool) -> list[np.ndarray]:
@@ -50,10 +52,14 @@ def _schedule(pool) -> list[np.ndarray]:
     return out
 
 
-def test_device_slot_pool_equals_the_cpu_slot_pool(model):
+@pytest.mark.parametrize("narrow", [False, True], ids=["every-row", "rows-in-use"])
+def test_device_slot_pool_equals_the_cpu_slot_pool(model, narrow):
     ctx = model.manifest.shape.context_length
     want = _schedule(SlotPool(model.variant, 4, ctx))
-    got = _schedule(_device_pool(model, 4))
+    pool = _device_pool(model, 4, narrow)
+    got = _schedule(pool)
+    if narrow:  # one, two and then four rows stepped (the lowest free slot is taken, a freed one reused)
+        assert sorted(pool._decoders) == [1, 2, 4]
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(g, w, atol=2e-5, rtol=0, err_msg=f"call {i}")
@@ -99,7 +105,7 @@ def test_step_picked_picks_each_greedy_row_on_the_device_and_copies_only_flagged
     picks, in seqs' order, and only the flagged rows' logits come back."""
     picking = load(model.model_dir, device="cpu")
     picking.variant.pick_on_device = True  # the one-node ArgMax session on the CPU, as on a GPU
-    pools = [_device_pool(model, 4), _device_pool(picking, 4)]
+    pools = [_device_pool(model, 4), _device_pool(picking, 4, narrow=True)]
     assert pools[1].decoder._pick is not None
     for p in pools:
         drain(p.prefill(1, A, None))
@@ -129,7 +135,7 @@ def test_the_engine_picks_greedy_rows_on_the_device_and_samples_the_rest_as_gene
     pools = []
 
     def pool(capacity, max_length):
-        pools.append(_device_pool(served, capacity))
+        pools.append(_device_pool(served, capacity, narrow=True))
         return pools[-1]
 
     served.variant.sequence_pool = pool
