@@ -7,11 +7,13 @@ would mean a round trip through the host for every join. This needs the graph to
 its own mask row (manifest wide_mask: export/graph_attention.timeline_lengths).
 
 - prefill: the prompt runs alone (batch 1) over its slot's row, bound by device address; a long prompt in
-  chunks, one per call of the generator, so running rows wait at most one chunk.
-- step: one decode run over all `capacity` rows at once, through a GraphDecoder (runtime/graphs/cuda_graph.py), so
-  on a GPU the step is one replayed CUDA graph whatever the number of sequences (step_picked also picks the
-  greedy rows' tokens on the device: only rows that sample or report logprobs copy logits to the host). Every
-  row's mask is ones on [0, held_s]: a joined row writes its new token at held_s; a row still prefilling or free
+  chunks, one per call of the generator, so running rows wait at most one chunk. A group of newcomers
+  (prefill_group) shares one run where it can: left-padded into neighbouring slots, each slot's mask zero over its
+  padding (start_s) and its positions counted from its first token.
+- step: one decode run over the slots up to the highest in use, through a GraphDecoder of that many rows rounded
+  up to a power of two (runtime/graphs/cuda_graph.py), so on a GPU the step is one replayed graph (step_picked also
+  picks the greedy rows' tokens on the device: only rows that sample or report logprobs copy logits to the host). Every
+  row's mask is ones on [start_s, held_s]: a joined row writes its new token at held_s; a row still prefilling or free
   writes a throwaway position at held_s, exactly where its own next run writes, so nothing it holds is touched.
 - remove: the slot is free again; nothing is copied or cleared.
 
@@ -28,7 +30,7 @@ import numpy as np
 
 from .. import contract as C
 from .cuda_graph import GraphDecoder
-from .sequence_pool import Prefill, prefill_runs
+from .sequence_pool import Prefill, drain, prefill_runs
 
 
 class DeviceSlotPool:
@@ -49,7 +51,8 @@ class DeviceSlotPool:
         self._joined: set[int] = set()
         self._free = list(range(capacity))  # a heap: the lowest free slot first, so the rows in use stay low
         self._held = np.zeros(capacity, np.int64)  # positions each slot holds
-        self._mask = np.zeros((capacity, self.max_length), np.int64)  # the step's mask: ones on [0, held_s]
+        self._start = np.zeros(capacity, np.int64)  # left padding before a slot's first token (a group's prefill)
+        self._mask = np.zeros((capacity, self.max_length), np.int64)  # the step's mask: ones on [start_s, held_s]
         self._mask[:, 0] = 1
         kv0 = decoder.kv[0]
         self._row_bytes = int(np.prod(kv0.shape()[1:])) * np.dtype(variant.kv_dtype).itemsize
@@ -57,27 +60,30 @@ class DeviceSlotPool:
         self._prefill_logits = np.empty((1, 1, variant.shape.vocab_size), variant.logits_dtype)
         self._inputs: tuple[np.ndarray, ...] = ()
         self.keeps_prompt_logits = True
+        self.pads_groups = True  # prefill_group takes `room` (the engine's rows' prompt + new tokens)
         self.prompt_logits: dict[int, np.ndarray] = {}  # seq -> (L, V) float32, from a keep_all prefill
 
     # -- one slot -------------------------------------------------------------------------------------
-    def _bind_slot(self, slot: int, keep: int = 1):
-        """A binding of the ordinary session over one row of every cache (device addresses), logits to the host."""
+    def _bind_slot(self, slot: int, keep: int = 1, rows: int = 1):
+        """A binding of the ordinary session over `rows` neighbouring rows of every cache from `slot` on (device
+        addresses), logits to the host."""
         binding = self.variant.session.io_binding()
-        device = self.variant.kv_device
+        device, shape = self.variant.kv_device, [rows, *self._kv_row_shape[1:]]
         for past, present, buf in zip(self.variant.names.past_names, self.variant.names.present_names, self.decoder.kv,
                                       strict=True):
             address = buf.data_ptr() + slot * self._row_bytes
             for bind, name in ((binding.bind_input, past), (binding.bind_output, present)):
-                bind(name, device, 0, self.variant.kv_dtype, self._kv_row_shape, address)
+                bind(name, device, 0, self.variant.kv_dtype, shape, address)
         self.variant.bind_keep(binding, keep)  # 0 (every position) only on a fresh binding: 0 may be left unbound
-        logits = self._prefill_logits
+        logits = self._prefill_logits if rows == 1 else np.empty((rows, 1, self.variant.shape.vocab_size),
+                                                                 self.variant.logits_dtype)
         binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
-        return binding
+        return binding, logits
 
     def _keep_all(self, slot: int, positions: int):
         """A binding of the slot with the LM head on every position of a run -> (binding, its logits buffer
         (1, positions, V))."""
-        binding = self._bind_slot(slot, 0)
+        binding, _ = self._bind_slot(slot, 0)
         logits = np.empty((1, positions, self.variant.shape.vocab_size), self.variant.logits_dtype)
         binding.bind_output(C.LOGITS, "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data)
         return binding, logits
@@ -92,7 +98,7 @@ class DeviceSlotPool:
 
     def _hold(self, slot: int, held: int) -> None:
         self._held[slot] = held
-        self._mask[slot, :held + 1] = 1  # a step writes this row's next position, held
+        self._mask[slot, self._start[slot]:held + 1] = 1  # a step writes this row's next position, held
 
     # -- the pool's interface ---------------------------------------------------------------------------
     def prefill(self, seq: int, prompt_ids: Sequence[int], chunk: int | None, *, keep_all: bool = False) -> Prefill:
@@ -102,7 +108,7 @@ class DeviceSlotPool:
             raise RuntimeError(f"a prompt of {len(prompt_ids)} tokens leaves no room in {self.max_length} positions")
         slot = self._slot[seq] = heapq.heappop(self._free)
         self._hold(slot, 0)
-        binding = self._bind_slot(slot)
+        binding, _ = self._bind_slot(slot)
         ids = np.asarray(prompt_ids, dtype=np.int64)[None]  # (1, L)
         logits, kept = None, []
         for start, end in prefill_runs(ids.shape[1], chunk):
@@ -121,21 +127,68 @@ class DeviceSlotPool:
         return logits
 
     def prefill_group(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]], *,
-                      keep_all: Sequence[bool] = ()) -> np.ndarray:
-        """Each prompt in its own slot, one run each (slots need not be neighbours)."""
-        if len(seqs) > len(self._free):
-            raise RuntimeError(f"a group of {len(seqs)} does not fit the pool's {len(self._free)} free slots")
-        out = []
-        keep = list(keep_all) or [False] * len(seqs)
-        for seq, prompt, k in zip(seqs, prompts, keep, strict=True):
-            runs = self.prefill(seq, prompt, None, keep_all=k)
-            while True:
-                try:
-                    next(runs)
-                except StopIteration as done:
-                    out.append(done.value)
-                    break
+                      keep_all: Sequence[bool] = (), room: Sequence[int] = ()) -> np.ndarray:
+        """The prompts in one run where they can share it, the others one run each -> (k, V) in seqs' order.
+
+        A prefill through the ordinary (uncaptured) session is launch-bound on a GPU: GPT-2 small fp16 took ~3 ms a
+        run on an H100 whatever its size, so a burst of newcomers prefilled one by one held the running rows (and
+        the last newcomer's first token) for k runs. Sharing rows go left-padded to the longest into neighbouring
+        free slots, each slot's mask zero over its padding (start_s) and its positions counted from its first
+        token, as generate's left-padded batches are. A row runs alone when it keeps its prompt logits, or when its
+        padding would leave it too little room: room[i] is the positions row i may come to hold (its prompt and
+        new tokens; by default the whole context, so only rows as long as the longest share); and all run alone
+        when no neighbouring free slots hold the sharing ones."""
+        k = len(seqs)
+        if k > len(self._free):
+            raise RuntimeError(f"a group of {k} does not fit the pool's {len(self._free)} free slots")
+        keep = list(keep_all) or [False] * k
+        need = list(room) or [self.max_length] * k
+        candidates = [i for i in range(k) if not keep[i]]
+        longest = max((len(prompts[i]) for i in candidates), default=0)
+        together = [i for i in candidates if longest - len(prompts[i]) + need[i] <= self.max_length]
+        first = self._neighbours(len(together)) if len(together) > 1 else None
+        out: list[np.ndarray | None] = [None] * k
+        if first is not None:
+            rows = self._prefill_together([seqs[i] for i in together], [prompts[i] for i in together], first)
+            for i, row in zip(together, rows, strict=True):
+                out[i] = row
+        for i in range(k):
+            if out[i] is None:
+                out[i] = drain(self.prefill(seqs[i], prompts[i], None, keep_all=keep[i]))
         return np.stack(out)  # (k, V)
+
+    def _neighbours(self, n: int) -> int | None:
+        """The lowest of n neighbouring free slots, taken off the free heap; None when there are none."""
+        free, run = set(self._free), 0
+        for slot in range(self.capacity):
+            run = run + 1 if slot in free else 0
+            if run == n:
+                first = slot - n + 1
+                self._free = [s for s in self._free if not first <= s <= slot]
+                heapq.heapify(self._free)
+                return first
+        return None
+
+    def _prefill_together(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]], first: int) -> np.ndarray:
+        """One run of m prompts into slots first .. first + m - 1 -> (m, V). ids, mask, positions (m, S), S the
+        longest prompt, each prompt at the right end of its row."""
+        m, longest = len(seqs), max(len(p) for p in prompts)
+        ids, mask, pos = (np.zeros((m, longest), np.int64) for _ in range(3))
+        for r, prompt in enumerate(prompts):
+            pad = longest - len(prompt)
+            ids[r, pad:], mask[r, pad:], pos[r, pad:] = prompt, 1, np.arange(len(prompt))
+        binding, logits = self._bind_slot(first, 1, m)
+        self._inputs = (ids, mask, pos)  # read in place by the run
+        for name, array in zip((C.INPUT_IDS, C.ATTENTION_MASK, C.POSITION_IDS), self._inputs, strict=True):
+            binding.bind_cpu_input(name, array)
+        self.variant.session.run_with_iobinding(binding)
+        for r, (seq, prompt) in enumerate(zip(seqs, prompts, strict=True)):
+            slot = self._slot[seq] = first + r
+            self._start[slot] = longest - len(prompt)
+            self._mask[slot] = 0
+            self._hold(slot, longest)
+            self._joined.add(seq)
+        return logits[:, -1].astype(np.float32)  # (m, V)
 
     def _advance(self, seqs: Sequence[int], tokens: np.ndarray) -> tuple[list[int], GraphDecoder]:
         """One decode run over the slots up to the highest joined one, each joined row fed its token -> the rows'
@@ -143,7 +196,7 @@ class DeviceSlotPool:
         if set(seqs) != self._joined or len(seqs) != len(self._joined):
             raise RuntimeError("a step feeds every joined sequence exactly once")
         ids = np.zeros((self.capacity, 1), np.int64)
-        pos = self._held[:, None].copy()  # (capacity, 1): each row's next position (throwaway rows too)
+        pos = (self._held - self._start)[:, None]  # (capacity, 1): each row's next position (throwaway rows too)
         slots = [self._slot[s] for s in seqs]
         if any(self._held[s] + 1 > self.max_length for s in slots):
             raise RuntimeError("a sequence is at the end of the cache")
@@ -193,5 +246,6 @@ class DeviceSlotPool:
             return
         self._joined.discard(seq)
         self._mask[slot] = 0
+        self._start[slot] = 0
         self._hold(slot, 0)
         heapq.heappush(self._free, slot)

@@ -251,6 +251,9 @@ class Engine:
                 self._group = group
                 keep = [a.request.prompt_logprobs is not None for a in group]
                 extra = ({} if prefixes is None else {"prefixes": prefixes}) | ({"keep_all": keep} if any(keep) else {})
+                if getattr(self.pool, "pads_groups", False):  # what each row may come to hold: how much padding fits
+                    context = self.model.manifest.shape.context_length
+                    extra["room"] = [min(context, len(a.request.prompt_ids) + a.request.max_new_tokens) for a in group]
                 logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group],
                                                  **extra)  # only what the pool is asked for: the GPU's takes fewer
                 self._group = []

@@ -164,3 +164,46 @@ def test_the_engine_picks_greedy_rows_on_the_device_and_samples_the_rest_as_gene
     assert any(flagged < rows for rows, flagged, _ in copied)  # some rows were picked on the device
     assert any(0 < flagged < rows for rows, flagged, _ in copied)  # in steps beside rows that sampled
     assert got[4].events[0].logprob is not None  # the greedy row with logprobs read its logits
+
+
+def test_a_group_shares_one_left_padded_run_over_neighbouring_slots(model):
+    """prefill_group's shared run (rows left-padded into neighbouring slots, positions from each first token) gives
+    the CPU SlotPool's logits, at the prefill and at every step after; a row whose padding would leave it too little
+    room, or that keeps its prompt logits, runs alone."""
+    ctx = model.manifest.shape.context_length
+    want_pool, got_pool = SlotPool(model.variant, 4, ctx), _device_pool(model, 4, narrow=True)
+    runs = []
+    session_run = model.session.run_with_iobinding
+    model.session.run_with_iobinding = lambda binding, *a: (runs.append(1), session_run(binding, *a))[1]
+    try:
+        got = got_pool.prefill_group([1, 2, 3], [A, B, C_], room=[len(A) + 6, len(B) + 6, len(C_) + 6])
+        assert len(runs) == 1  # one run for the three
+    finally:
+        model.session.run_with_iobinding = session_run
+    want = want_pool.prefill_group([1, 2, 3], [A, B, C_])
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+    assert got_pool._start[:3].tolist() == [len(B) - len(A), 0, len(B) - len(C_)]
+    fed = np.array([8, 9, 10])
+    for t in range(5):
+        np.testing.assert_allclose(got_pool.step([3, 1, 2], fed + t), want_pool.step([3, 1, 2], fed + t), atol=2e-5,
+                                   rtol=0, err_msg=f"step {t}")
+    got_pool.remove(2)  # a freed slot starts unpadded again
+    assert got_pool._start[1] == 0
+
+    # room: C_ padded to B's length would not fit its new tokens in the context, so it runs alone; D keeps its logits
+    alone = _device_pool(model, 4, narrow=True)
+    alone.prefill_group([1, 2, 3, 4], [A, B, C_, D], keep_all=[False, False, False, True],
+                        room=[len(A) + 6, len(B) + 6, ctx - len(B) + len(C_) + 1, len(D) + 6])
+    assert alone._slot == {1: 0, 2: 1, 3: 2, 4: 3}
+    assert alone._start.tolist() == [len(B) - len(A), 0, 0, 0] and 4 in alone.prompt_logits
+
+
+def test_a_group_without_neighbouring_free_slots_runs_one_by_one(model):
+    pool = _device_pool(model, 4, narrow=True)
+    for seq, prompt in ((1, A), (2, B), (3, C_)):
+        drain(pool.prefill(seq, prompt, None))
+    pool.remove(2)  # free: slots 1 and 3, not neighbours
+    rows = pool.prefill_group([4, 5], [D, A], room=[len(D) + 4, len(A) + 4])
+    assert pool._slot[4] == 1 and pool._slot[5] == 3 and pool._start.tolist() == [0, 0, 0, 0]
+    want = SlotPool(model.variant, 2, model.manifest.shape.context_length).prefill_group([4, 5], [D, A])
+    np.testing.assert_allclose(rows, want, atol=2e-5, rtol=0)
