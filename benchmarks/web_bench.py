@@ -37,7 +37,7 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 from web_clients import CHROMIUM, chromium_args  # noqa: E402  (one launch recipe for the tests and this)
 
 GPTEDGE = [sys.executable, "-m", "gptedge.cli"]
