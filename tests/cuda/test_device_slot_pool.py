@@ -207,3 +207,43 @@ def test_a_group_without_neighbouring_free_slots_runs_one_by_one(model):
     assert pool._slot[4] == 1 and pool._slot[5] == 3 and pool._start.tolist() == [0, 0, 0, 0]
     want = SlotPool(model.variant, 2, model.manifest.shape.context_length).prefill_group([4, 5], [D, A])
     np.testing.assert_allclose(rows, want, atol=2e-5, rtol=0)
+
+
+def test_the_engine_pads_a_newcomer_only_where_its_new_tokens_still_fit(model):
+    """A short prompt beside a long one, asking for every position the context has left: padded to the long one's
+    length it would run past the cache's end, so the engine's room keeps it in a run of its own, and both requests
+    get generate()'s tokens; two that fit share one run."""
+    from gptedge.runtime.generation.sampling import SamplingParams
+    from gptedge.runtime.serving.engine import CompletionRequest, Engine
+
+    from ..support.engine import Collector
+
+    served = load(model.model_dir, device="cpu")
+    ctx = served.manifest.shape.context_length
+    pools = []
+    shared = []  # the seqs of each shared prefill run
+
+    def pool(capacity, max_length):
+        pools.append(_device_pool(served, capacity, narrow=True))
+        together = pools[-1]._prefill_together
+        pools[-1]._prefill_together = lambda seqs, prompts, first: (shared.append(list(seqs)), together(
+            seqs, prompts, first))[1]
+        return pools[-1]
+
+    served.variant.sequence_pool = pool
+    short, long_ = list(A), list(range(100, 130))  # 5 and 30 tokens
+    requests = [CompletionRequest(tuple(short), ctx - len(short), sampling=SamplingParams(greedy=True), ignore_eos=True),
+                CompletionRequest(tuple(long_), 6, sampling=SamplingParams(greedy=True), ignore_eos=True),
+                CompletionRequest(tuple(B), 6, sampling=SamplingParams(greedy=True), ignore_eos=True)]
+    solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True) for r in requests]
+    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)  # started after all three are queued
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    engine.start()
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert [c.last.error for c in got] == [None] * 3
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+    assert len(got[0].last.generation.ids) == ctx - len(short)  # it ran to the context's end
+    assert len(shared) == 1 and len(shared[0]) == 2  # the long prompt and B shared a run; the short one ran alone
