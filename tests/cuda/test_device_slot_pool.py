@@ -232,9 +232,10 @@ def test_the_engine_pads_a_newcomer_only_where_its_new_tokens_still_fit(model):
 
     served.variant.sequence_pool = pool
     short, long_ = list(A), list(range(100, 130))  # 5 and 30 tokens
-    requests = [CompletionRequest(tuple(short), ctx - len(short), sampling=SamplingParams(greedy=True), ignore_eos=True),
-                CompletionRequest(tuple(long_), 6, sampling=SamplingParams(greedy=True), ignore_eos=True),
-                CompletionRequest(tuple(B), 6, sampling=SamplingParams(greedy=True), ignore_eos=True)]
+    greedy = SamplingParams(greedy=True)
+    requests = [CompletionRequest(tuple(short), ctx - len(short), sampling=greedy, ignore_eos=True),
+                CompletionRequest(tuple(long_), 6, sampling=greedy, ignore_eos=True),
+                CompletionRequest(tuple(B), 6, sampling=greedy, ignore_eos=True)]
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True) for r in requests]
     engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)  # started after all three are queued
     got = [Collector() for _ in requests]
