@@ -231,10 +231,13 @@ def run_load(url: str, prompts: list[list[int]], clients: int, per_client: int, 
     firsts = [sum(shares[:k]) for k in range(procs)]
     with concurrent.futures.ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(time.sleep, [0.0] * procs))  # the processes up (and importing) before the clock starts
-        start_at = time.perf_counter() + 1.0
+        start_at = time.perf_counter() + 3.0  # a process still starting then would start its share late: said below
         futures = [pool.submit(_client_share, url, prompts, n, per_client, new_tokens, extra, f, start_at)
                    for n, f in zip(shares, firsts, strict=True)]
         done = [f.result() for f in futures]
+    late = max(s for _, s, _ in done) - start_at
+    if late > 0.05:
+        print(f"warning: a client process started its share {late * 1000:.0f} ms late", file=sys.stderr)
     return [t for ts, _, _ in done for t in ts], max(e for _, _, e in done) - min(s for _, s, _ in done)
 
 

@@ -37,7 +37,7 @@ class LoopWaker:
     _made = threading.Lock()
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
+        self._loop = weakref.ref(loop)  # weak: the registry's value must not keep its key (the loop) alive
         self._lock = threading.Lock()
         self._due: list[asyncio.Future] = []  # futures to wake at the next callback
         self._scheduled = False  # a callback is queued on the loop and has not run yet
@@ -56,9 +56,12 @@ class LoopWaker:
             self._due.append(waiter)
             schedule, self._scheduled = not self._scheduled, True
         if schedule:
+            loop = self._loop()
             try:
-                self.loop.call_soon_threadsafe(self._run)
-            except RuntimeError:  # the loop is closed: nobody listens any more
+                if loop is None:
+                    raise RuntimeError("the loop is gone")
+                loop.call_soon_threadsafe(self._run)
+            except RuntimeError:  # the loop is closed (or gone): nobody listens any more
                 with self._lock:
                     self._due.clear()
                     self._scheduled = False
@@ -91,6 +94,7 @@ class Job:
         self._waiter: asyncio.Future | None = None  # set while the reader waits for the next event
         self.handles = []
         self.unread = 0  # events the reader took at once and has not yielded yet (EventStream batches on it)
+        self.before_wait = None  # an async callable the reader awaits before it waits for more (EventStream's flush)
 
     def submit(self, requests: list[CompletionRequest]) -> None:
         """All or nothing (the engine's submit_all): each is checked, then queued; a refusal queues none."""
@@ -127,6 +131,8 @@ class Job:
                 if waiter is not None:
                     if gone.done():
                         raise ClientGone()
+                    if self.before_wait is not None:
+                        await self.before_wait()
                     await waiter
                     continue
                 for k, item in enumerate(items):
@@ -141,7 +147,8 @@ class Job:
 class EventStream:
     """A raw ASGI response sending Server-Sent Events; it owns the job and cancels it however it ends.
 
-    The data of events the job handed over together (job.unread > 0 after one) go out in one body."""
+    The data of events the job handed over together (job.unread > 0 after one) go out in one body, sent at the
+    latest when the reader is about to wait for more (job.before_wait)."""
 
     def __init__(self, job: Job, chunks):
         self.job, self.chunks = job, chunks  # chunks(gone) -> async iterator of data strings
@@ -153,13 +160,19 @@ class EventStream:
                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                     (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
             held: list[str] = []
+
+            async def flush() -> None:
+                if held:
+                    body = "".join(held).encode()
+                    held.clear()
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+
+            self.job.before_wait = flush  # an event with no text must not leave earlier text held while it waits
             async for data in self.chunks(gone):
                 held.append(f"data: {data}\n\n")
                 if not self.job.unread:  # nothing more was handed over with this event: send what is held
-                    await send({"type": "http.response.body", "body": "".join(held).encode(), "more_body": True})
-                    held = []
-            if held:
-                await send({"type": "http.response.body", "body": "".join(held).encode(), "more_body": True})
+                    await flush()
+            await flush()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (ClientGone, OSError):
             log.info("client went away mid-stream; its requests are cancelled")

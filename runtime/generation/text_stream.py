@@ -65,18 +65,22 @@ class TextStream:
         The ids since the last clean point are decoded together with the stretch before it (its left context:
         a Metaspace tokenizer strips the first token's leading space, a byte-level one needs the bytes of a
         character split over tokens), and what the stretch alone decodes to is cut off the front. A clean point
-        is a length whose text ends on a whole character and whose last token is no byte-fallback token (a
-        later byte may turn a whole run of them into U+FFFD). Should the window's text not start with the
-        stretch's, the whole is decoded (tests/generation/test_text_stream_incremental.py checks every prefix
-        against decode() on each kind of tokenizer)."""
+        is a length whose text ends on a whole character, whose last token is no byte-fallback token (a later
+        byte may turn a whole run of them into U+FFFD) and whose stretch has text of its own. Should the window's
+        text not start with the stretch's, the whole is decoded (tests/generation/test_text_stream_incremental.py
+        checks every prefix against decode() on each kind of tokenizer)."""
         whole = decode(self.tokenizer, self.ids[self._window:])
         if not whole.startswith(self._window_text):
             return decode(self.tokenizer, self.ids)
         text = self._clean_text + whole[len(self._window_text):]
         last = self.tokenizer.id_to_token(self.ids[-1])
         if not text.endswith(REPLACEMENT) and last is not None and not BYTE_TOKEN.fullmatch(last):
-            self._window_text = decode(self.tokenizer, self.ids[self._clean:])
-            self._window, self._clean, self._clean_text = self._clean, len(self.ids), text
+            stretch = decode(self.tokenizer, self.ids[self._clean:])
+            # A stretch with no text (a special token, skipped) is no context: the next token would decode as the
+            # text's first (Metaspace's leading space stripped). The window then keeps the stretch before it.
+            if stretch:
+                self._window_text = stretch
+                self._window, self._clean, self._clean_text = self._clean, len(self.ids), text
         return text
 
     def flush(self) -> str:

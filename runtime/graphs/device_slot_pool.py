@@ -173,6 +173,10 @@ class DeviceSlotPool:
         """One run of m prompts into slots first .. first + m - 1 -> (m, V). ids, mask, positions (m, S), S the
         longest prompt, each prompt at the right end of its row."""
         m, longest = len(seqs), max(len(p) for p in prompts)
+        for r, seq in enumerate(seqs):  # theirs before the run: a run that fails frees them through remove()
+            self._slot[seq] = first + r
+        if longest >= self.max_length:
+            raise RuntimeError(f"a prompt of {longest} tokens leaves no room in {self.max_length} positions")
         ids, mask, pos = (np.zeros((m, longest), np.int64) for _ in range(3))
         for r, prompt in enumerate(prompts):
             pad = longest - len(prompt)
@@ -183,7 +187,7 @@ class DeviceSlotPool:
             binding.bind_cpu_input(name, array)
         self.variant.session.run_with_iobinding(binding)
         for r, (seq, prompt) in enumerate(zip(seqs, prompts, strict=True)):
-            slot = self._slot[seq] = first + r
+            slot = first + r
             self._start[slot] = longest - len(prompt)
             self._mask[slot] = 0
             self._hold(slot, longest)

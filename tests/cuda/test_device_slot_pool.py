@@ -248,3 +248,24 @@ def test_the_engine_pads_a_newcomer_only_where_its_new_tokens_still_fit(model):
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
     assert len(got[0].last.generation.ids) == ctx - len(short)  # it ran to the context's end
     assert len(shared) == 1 and len(shared[0]) == 2  # the long prompt and B shared a run; the short one ran alone
+
+
+def test_a_shared_run_that_fails_frees_its_slots_through_remove(model):
+    """The engine answers a failed run by removing its sequences: a shared run's slots must come back then."""
+    pool = _device_pool(model, 4, narrow=True)
+    real = model.session.run_with_iobinding
+
+    def fail(binding, *a):
+        raise RuntimeError("out of memory")
+
+    model.session.run_with_iobinding = fail
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            pool.prefill_group([1, 2, 3], [A, B, C_], room=[20, 20, 20])
+    finally:
+        model.session.run_with_iobinding = real
+    for seq in (1, 2, 3):
+        pool.remove(seq)
+    assert sorted(pool._free) == [0, 1, 2, 3]
+    drain(pool.prefill(4, D, None))  # and the pool works on
+    assert pool._slot[4] == 0

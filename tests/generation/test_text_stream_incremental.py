@@ -65,3 +65,16 @@ def test_the_window_stays_short_however_long_the_stream(tokenizers):
     for t in encode(tok, "the quick brown fox jumps over the lazy dog " * 40):
         stream.push(t)
         assert len(stream.ids) - stream._window <= 4
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "metaspace"])
+def test_a_special_token_between_words_keeps_the_space_after_it(tokenizers, kind):
+    """A special token decodes to nothing (skipped): as the only context of the next word, Metaspace's decoder would
+    strip that word's leading space ("Helloworld"); the stream must give what decoding every id gives."""
+    tok = tokenizers[kind]
+    special = tok.token_to_id("</s>" if kind == "metaspace" else "<|endoftext|>")
+    ids = encode(tok, "hello") + [special] + encode(tok, " world") + [special, special] + encode(tok, " it is")
+    got, want = TextStream(tok), WholeDecodeStream(tok)
+    pieces = [(got.push(t), want.push(t)) for t in ids]
+    assert [g for g, _ in pieces] == [w for _, w in pieces]
+    assert got.flush() == want.flush() and got.text == decode(tok, ids)

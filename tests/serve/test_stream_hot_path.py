@@ -184,3 +184,53 @@ def test_events_handed_over_together_go_out_in_one_body_and_lone_ones_at_once():
     assert ones == [f"data: {s}.0\n\n".encode() for s in range(5)] + [b""]
     threes = _stream_bodies(3, 4)
     assert threes == [b"".join(f"data: {s}.{k}\n\n".encode() for k in range(3)) for s in range(4)] + [b""]
+
+
+def test_text_held_for_a_batch_goes_out_before_the_reader_waits_even_when_the_last_event_has_none():
+    """The stream sends nothing for an event without text (half a character, a possible stop string): when such an
+    event ends a batch, the batch's earlier text must still go out before the reader waits for the next."""
+    async def main():
+        engine = _Handles()
+        job = Job(engine)
+        job.submit([object()])
+        bodies, seen_before_next = [], []
+
+        async def chunks(gone):
+            async for _, event in job.events(gone):
+                if event.text:  # as stream_chunks: an event without text yields no chunk
+                    yield event.text
+
+        async def receive():
+            await asyncio.Event().wait()
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                bodies.append(message["body"])
+
+        async def produce():
+            engine.callbacks[0](_event("a"))
+            engine.callbacks[0](_event(""))  # handed over with "a", yields nothing
+            await asyncio.sleep(0.05)  # the reader has taken both and now waits
+            seen_before_next.append(list(bodies))
+            engine.callbacks[0](_event("b", last=True))
+
+        await asyncio.gather(EventStream(job, chunks)({}, receive, send), produce())
+        return bodies, seen_before_next[0]
+
+    bodies, before = asyncio.run(asyncio.wait_for(main(), 30))
+    assert before == [b"data: a\n\n"]
+    assert bodies == [b"data: a\n\n", b"data: b\n\n", b""]
+
+
+def test_a_finished_loop_is_not_kept_alive_by_its_waker():
+    import gc
+    import weakref
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        LoopWaker.of(loop)
+        return weakref.ref(loop)
+
+    ref = asyncio.run(main())
+    gc.collect()
+    assert ref() is None
