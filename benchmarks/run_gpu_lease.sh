@@ -7,10 +7,12 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #       onnxruntime-gpu==1.31.1 onnxruntime-genai-cuda==0.18.0 -d wheels
 #   unzip the onnxruntime-gpu wheel into x/ (drop capi/libonnxruntime_providers_tensorrt.so), tar + zstd -19 it
-#   (ort.tar.zst, ~204 MB), tar it with the sample model's weights, split -b 58M into parts .gp1 ... .gp4 (one folder
+#   (ort.tar.zst, ~204 MB), tar it with the sample model's weights, `split -n 4` into parts .gp1 ... .gp4 (one folder
 #   each, git-ignored), carry one folder per call in quick succession, each call copying its part to /tmp/parts (the
 #   repo copy drops ignored folders a call does not carry), then run this carrying .gpgenai (the GenAI wheel).
-#   The sample model's weights travel as a part because the repo's own 55 MB of safetensors would fill every call.
+#   The sample model's weights travel as a part because the repo's own 68 MB of safetensors would fill every call:
+#   take the three out of the index for the lease (git rm --cached + .git/info/exclude; commit by path meanwhile) and
+#   put them back after. The tree without them is ~7.3 MB, so a part may be at most ~56 MiB (55.3 MiB in 2026-11-26).
 #
 #   bash benchmarks/run_gpu_lease.sh OUT_DIR [BATCHES]
 #   env: TESTS / TESTS_K (which CUDA tests), ENGINES (empty: no benchmark), SIZES (small,xl), TARGETS (gptedge's
