@@ -68,14 +68,15 @@ class _Active:
     status: RequestState = RequestState.WAITING
     constraint: RowConstraint | None = None  # its grammar's state and next mask (structured output)
     prompt_logprobs: PromptLogprobs | None = None  # computed at prefill, sent with the first event
+    needs_logits: bool = True  # False: a plain greedy row (_needs_logits), whose token a pool may pick on the device
 
 
-def _plain_greedy(active: _Active) -> bool:
-    """A row whose next token is the logits' argmax and needs nothing else from them (no logprobs, no grammar's
-    mask, no repetition penalty): the pool may pick it where the logits are (select_token's greedy hot path)."""
-    req = active.request
-    return (active.constraint is None and not req.logprobs and req.sampling.is_greedy
-            and req.sampling.repetition_penalty == 1.0)
+def _needs_logits(request: CompletionRequest) -> bool:
+    """False for a row whose next token is the logits' argmax and needs nothing else from them (no logprobs, no
+    grammar's mask, no repetition penalty): the pool may pick it where the logits are (select_token's greedy hot
+    path). Decided once, when the request is queued."""
+    return (request.constraint is not None or bool(request.logprobs) or not request.sampling.is_greedy
+            or request.sampling.repetition_penalty != 1.0)
 
 
 class RequestHandle:
@@ -102,6 +103,7 @@ class Engine:
         self.model, self.max_batch, self.max_queue, self.prefill_chunk = model, max_batch, max_queue, prefill_chunk
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
+        self._picks = hasattr(self.pool, "step_picked")  # the GPU's pool: greedy rows picked on the device
         self.metrics = EngineMetrics()
         self._masks = MaskWorker()  # constrained rows' next masks, computed while the step runs
         self.prefix = self._prefix_reuse(prefix_cache_mb)  # None: every prompt is prefilled from its first token
@@ -189,7 +191,8 @@ class Engine:
                 raise EngineStoppedError("the server is shutting down")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
-            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids), keys=keys)
+            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids), keys=keys,
+                             needs_logits=_needs_logits(request))
             if request.constraint is not None:
                 active.constraint = request.constraint.start(request.stop_ids)
             self._waiting.append(active)
@@ -326,8 +329,8 @@ class Engine:
         masks = self._masks.begin([a.constraint for a in self._running if a.constraint is not None])
         seqs, fed = [a.seq for a in self._running], np.array([a.pending for a in self._running])
         try:
-            if getattr(self.pool, "step_picked", None) is not None:  # the GPU's pool: greedy rows picked there
-                needs = [not _plain_greedy(a) for a in self._running]
+            if self._picks:
+                needs = [a.needs_logits for a in self._running]
                 picked, logits = self.pool.step_picked(seqs, fed, needs)
                 rows = iter(() if logits is None else logits)
                 selected = [(next(rows), None) if need else (None, int(tok)) for need, tok in zip(needs, picked,

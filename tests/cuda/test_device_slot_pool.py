@@ -30,6 +30,20 @@ def _device_pool(model, capacity: int, narrow: bool = False) -> DeviceSlotPool:
                           GraphDecoder(model.variant, capacity, model.session), narrower)
 
 
+def _served(engine, requests) -> list:
+    """Every request submitted to the engine (started here if it is not yet), all finished, the engine stopped ->
+    one Collector per request."""
+    from ..support.engine import Collector
+
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    if engine._thread.ident is None:
+        engine.start()
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    return got
+
 def _schedule(pool) -> list[np.ndarray]:
     """Joins, a chunked prefill between steps, a leave and a slot reused: every logits array the pool returned (copied:
     step may return a view that the next step overwrites)."""
@@ -83,7 +97,7 @@ def test_the_engine_through_the_device_slot_pool_gives_solo_greedy_results(model
     from gptedge.runtime.serving.engine import CompletionRequest, Engine
     from gptedge.runtime.generation.sampling import SamplingParams
 
-    from ..support.engine import Collector, staggered_requests
+    from ..support.engine import staggered_requests
 
     served = load(model.model_dir, device="cpu")
     served.variant.sequence_pool = lambda capacity, max_length: _device_pool(served, capacity)
@@ -92,11 +106,7 @@ def test_the_engine_through_the_device_slot_pool_gives_solo_greedy_results(model
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, greedy=True) for r in requests]
     engine = Engine(served, max_batch=3, max_queue=16, prefill_chunk=4).start()
     assert isinstance(engine.pool, DeviceSlotPool)
-    got = [Collector() for _ in requests]
-    for r, c in zip(requests, got, strict=True):
-        engine.submit(r, c)
-    assert all(c.finished() for c in got)
-    engine.stop(grace_s=1)
+    got = _served(engine, requests)
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
 
 
@@ -128,7 +138,7 @@ def test_the_engine_picks_greedy_rows_on_the_device_and_samples_the_rest_as_gene
     from gptedge.runtime.generation.sampling import SamplingParams
     from gptedge.runtime.serving.engine import CompletionRequest, Engine
 
-    from ..support.engine import Collector, staggered_requests
+    from ..support.engine import staggered_requests
 
     served = load(model.model_dir, device="cpu")
     served.variant.pick_on_device = True
@@ -154,11 +164,7 @@ def test_the_engine_picks_greedy_rows_on_the_device_and_samples_the_rest_as_gene
         return picked, logits
 
     pools[0].step_picked = spy
-    got = [Collector() for _ in requests]
-    for r, c in zip(requests, got, strict=True):
-        engine.submit(r, c)
-    assert all(c.finished() for c in got)
-    engine.stop(grace_s=1)
+    got = _served(engine, requests)
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
     assert copied and all(flagged == back for _, flagged, back in copied)  # exactly the flagged rows' logits
     assert any(flagged < rows for rows, flagged, _ in copied)  # some rows were picked on the device
@@ -216,7 +222,6 @@ def test_the_engine_pads_a_newcomer_only_where_its_new_tokens_still_fit(model):
     from gptedge.runtime.generation.sampling import SamplingParams
     from gptedge.runtime.serving.engine import CompletionRequest, Engine
 
-    from ..support.engine import Collector
 
     served = load(model.model_dir, device="cpu")
     ctx = served.manifest.shape.context_length
@@ -238,12 +243,7 @@ def test_the_engine_pads_a_newcomer_only_where_its_new_tokens_still_fit(model):
                 CompletionRequest(tuple(B), 6, sampling=greedy, ignore_eos=True)]
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True) for r in requests]
     engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)  # started after all three are queued
-    got = [Collector() for _ in requests]
-    for r, c in zip(requests, got, strict=True):
-        engine.submit(r, c)
-    engine.start()
-    assert all(c.finished() for c in got)
-    engine.stop(grace_s=1)
+    got = _served(engine, requests)
     assert [c.last.error for c in got] == [None] * 3
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
     assert len(got[0].last.generation.ids) == ctx - len(short)  # it ran to the context's end
