@@ -13,7 +13,7 @@ first is the reference (normally the fp32 cache). Three parts, printed as Markdo
 3. bytes of a step at 1,024 positions: the weights (the graph's files) and the cache's keys and values,
    and the cache's share (at the context, if shorter).
 
-    python benchmarks/kv_cache.py DIR_FP32 DIR_FP16 DIR_INT8 DIR_INT4 --text ../shared/corpus/austen/persuasion.txt
+    python benchmarks/kv_cache.py DIR_FP32 DIR_FP16 DIR_INT8 DIR_INT4 --text samples/eval/persuasion_ch1-7.txt
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ mean KL(fp32 || cache) and top-1 agreement over --windows windows of the whole c
 teacher forced through the cache (benchmarks/kv_cache.py's accuracy part).
 
     python benchmarks/kv_cache_margin.py SOURCE --calibration samples/calibration/emma_ch1-4.txt \\
-        --text ../shared/corpus/austen/persuasion.txt
+        --text samples/eval/persuasion_ch1-7.txt
 """
 
 from __future__ import annotations
