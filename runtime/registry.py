@@ -77,10 +77,12 @@ GPT_NEOX_UNPACKED_LINEARS = (("attention.q", "attention.q"), ("attention.k", "at
 @dataclass(frozen=True)
 class FamilyEntry(Entry):
     """A model family's line: what load checks a manifest's arch against, known without importing it (torch).
-    Every family has two LayerNorms a block; `final_norm`: one more after the blocks. `linears`: each block
-    linear's graph name and its neutral name (quantize reads them; it never names a family)."""
+    Every family has two norms a block, of one kind (`norm`: "layer" LayerNorms, "rms" RMSNorms); `final_norm`: one
+    more after the blocks. `linears`: each block linear's graph name and its neutral name (quantize reads them; it
+    never names a family)."""
 
-    final_norm: bool | None = None  # None: not said (the arch is then not checked against the graph)
+    final_norm: bool | None = None  # None: not said (the norm count is then not checked against the graph)
+    norm: str = "layer"
     linears: tuple[tuple[str, str], ...] = GPT2_LINEARS
     # the block linears of graphs an earlier gptedge wrote for the family (load still takes them), or ()
     older_linears: tuple[tuple[str, str], ...] = ()
@@ -146,14 +148,16 @@ class Registry(Generic[E, T]):
 FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
     "gpt2": FamilyEntry("gptedge.export.gpt2", final_norm=True),
     "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False),
-    # RMSNorm, not LayerNorm: no norm count to check
-    "llama": FamilyEntry("gptedge.export.llama", linears=LLAMA_LINEARS, older_linears=LLAMA_UNPACKED_LINEARS),
+    # RMSNorms: counted where the graph writes them as one op each (kv_buffer), not as plain ops (standard)
+    "llama": FamilyEntry("gptedge.export.llama", final_norm=True, norm="rms", linears=LLAMA_LINEARS,
+                         older_linears=LLAMA_UNPACKED_LINEARS),
     # GPT-NeoX has GPT-2's norm count (2n + 1): not said, so a GPT-2 graph's count still names GPT-2 alone
     "gpt_neox": FamilyEntry("gptedge.export.gpt_neox", linears=GPT_NEOX_LINEARS,
                                  older_linears=GPT_NEOX_UNPACKED_LINEARS),
-    "qwen2": FamilyEntry("gptedge.export.qwen2", linears=LLAMA_LINEARS, older_linears=LLAMA_UNPACKED_LINEARS),
-    "mistral": FamilyEntry("gptedge.export.mistral", linears=LLAMA_LINEARS,
-                              older_linears=LLAMA_UNPACKED_LINEARS),
+    "qwen2": FamilyEntry("gptedge.export.qwen2", final_norm=True, norm="rms", linears=LLAMA_LINEARS,
+                         older_linears=LLAMA_UNPACKED_LINEARS),
+    "mistral": FamilyEntry("gptedge.export.mistral", final_norm=True, norm="rms", linears=LLAMA_LINEARS,
+                           older_linears=LLAMA_UNPACKED_LINEARS),
 })
 QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization method", "METHOD", {
     "dynamic": MethodEntry("gptedge.quantize.dynamic",

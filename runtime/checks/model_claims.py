@@ -9,8 +9,9 @@ What each claim is checked against (facts from onnx_wire, read without running a
   MatMulNBits `bits` and `block_size` attributes too;
 - graph variant: the I/O contract (kv_buffer graphs share one buffer through GroupQueryAttention);
 - kv_cache: the cache inputs' element type and GroupQueryAttention's kv_cache_bit_width (kv_cache.py);
-- arch: the LayerNorm count (two a block, and one after them for a family whose registry line says
-  `final_norm`: GPT-2 2n + 1, the original GPT 2n), and config.json;
+- arch: the norms' kind (LayerNorm ops, or the RMSNorm ops a Llama-style kv_buffer graph writes) and count (two a
+  block, and one after them for a family whose registry line says `final_norm`: GPT-2 and Llama 2n + 1, the
+  original GPT 2n), and config.json;
 - eos / bos / pad ids: config.json, generation_config.json, and the tokenizer (an id it has, and one of
   its special tokens when it has any);
 - the tokenizer's vocabulary: no larger than the model's;
@@ -34,7 +35,10 @@ from .companion_files import companion_problems
 from .recipe_claims import recipe_problems
 from .task_claims import task_problems
 
-LAYER_NORM_OPS = ("LayerNormalization", "SkipLayerNormalization")
+# a registry line's norm kind -> the ops that write one norm each, and what a line calls them
+NORM_OPS = {"layer": ("LayerNormalization", "SkipLayerNormalization"),
+            "rms": ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")}
+NORM_NAMES = {"layer": "LayerNorms", "rms": "RMSNorms"}
 CONFIG_SHAPE = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "vocab_size": "vocab_size",
                 "n_positions": "context_length"}
 SAYS = f"{MANIFEST_NAME} says"
@@ -181,20 +185,33 @@ def _wide_mask(m: Manifest, facts: GraphFacts) -> list[str]:
     return []
 
 
+def _says_norms(arch: str) -> tuple[str, int] | None:
+    """A family's norm kind and how many norms follow its blocks (0 or 1), or None where its line does not say."""
+    entry = FAMILIES.entry(arch)
+    final = getattr(entry, "final_norm", None)
+    return None if final is None else (getattr(entry, "norm", "layer"), int(final))
+
+
 def _arch(m: Manifest, facts: GraphFacts, config: dict) -> list[str]:
     problems = []
-    norms = sum(facts.ops[op] for op in LAYER_NORM_OPS)
-    n = m.shape.n_layer
-    final = getattr(FAMILIES.entry(m.shape.arch), "final_norm", None)  # None: its line does not say (a plugin)
+    arch, n = m.shape.arch, m.shape.n_layer
+    entry = FAMILIES.entry(arch)
+    kind = getattr(entry, "norm", "layer")  # a plugin's line may not say: LayerNorms
+    counts = {k: sum(facts.ops[op] for op in ops) for k, ops in NORM_OPS.items()}
+    other = next((k for k in counts if k != kind and counts[k] and not counts.get(kind)), None)
+    if other is not None:  # the graph's norms are all of another kind than the family's
+        problems.append(f"{SAYS} arch {arch}, the graph's norms are {NORM_NAMES[other]} ({counts[other]} "
+                        f"{' / '.join(NORM_OPS[other])}); {arch}'s are {NORM_NAMES.get(kind, kind)}")
+    norms = counts.get(kind, 0)
+    final = getattr(entry, "final_norm", None)  # None: its line does not say (a plugin)
     # a graph whose past inputs count other layers than claimed: the I/O check names the layer count; the norm
     # count then says nothing about the family
     layers_agree = C.past_key(n - 1) in facts.input_types and C.past_key(n) not in facts.input_types
     if norms and final is not None and layers_agree and norms != 2 * n + final:
-        fits = [a for a in FAMILIES.names() if getattr(FAMILIES.entry(a), "final_norm", None) is not None
-                and 2 * n + FAMILIES.entry(a).final_norm == norms]
-        whose = f"{fits[0]}'s" if len(fits) == 1 else "no known family's"
-        problems.append(f"{SAYS} arch {m.shape.arch}, the graph is {whose} ({norms} LayerNorms for {n} layers; "
-                        f"{m.shape.arch} has {2 * n + final})")
+        fits = [a for a in FAMILIES.names() if _says_norms(a) is not None and _says_norms(a) == (kind, norms - 2 * n)]
+        whose = " or ".join(f"{a}'s" for a in fits) or "no known family's"
+        problems.append(f"{SAYS} arch {arch}, the graph is {whose} ({norms} {NORM_NAMES.get(kind, kind)} for {n} "
+                        f"layers; {arch} has {2 * n + final})")
     if "model_type" in config and config["model_type"] != m.shape.arch:
         problems.append(f"{SAYS} arch {m.shape.arch}, config.json says model_type {config['model_type']}")
     for key, name in CONFIG_SHAPE.items():

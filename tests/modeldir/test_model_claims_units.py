@@ -266,7 +266,35 @@ def test_the_layer_norm_count_names_the_family(tmp_path):
     skip = facts(node("SkipLayerNormalization", "x"), norms=4)  # fused norms count too
     assert claims(Manifest(SHAPE), skip, tmp_path) == []
     assert claims(Manifest(SHAPE), facts(norms=0), tmp_path) == []  # a graph with no LayerNorm op read: not said
-    assert claims(Manifest(replace(SHAPE, arch="llama")), facts(norms=9), tmp_path) == []  # llama does not say
+    assert claims(Manifest(replace(SHAPE, arch="gpt_neox")), facts(norms=9), tmp_path) == []  # gpt_neox does not say
+
+
+def rms(count: int, first: int = 1) -> list[Node]:
+    """A Llama-style kv_buffer graph's RMSNorms: `first` SimplifiedLayerNormalization, the rest fused with an Add."""
+    return ([node("SimplifiedLayerNormalization", "x") for _ in range(first)]
+            + [node("SkipSimplifiedLayerNormalization", "x", "y") for _ in range(count - first)])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_a_llama_style_graphs_rms_norms_are_counted(tmp_path, arch):
+    llama = Manifest(replace(SHAPE, arch=arch))
+    assert claims(llama, facts(*rms(5, first=2), norms=0), tmp_path) == []  # 2n + 1, as the export writes them
+    assert claims(llama, facts(norms=0), tmp_path) == []  # a standard graph: RMSNorms as plain ops, not counted
+    assert claims(llama, facts(*rms(4), norms=0), tmp_path) == [
+        f"{SAYS} arch {arch}, the graph is no known family's (4 RMSNorms for 2 layers; {arch} has 5)"]
+    assert claims(llama, facts(*rms(5), norms=0, layers=3), tmp_path) == []  # the layer count's own line says it
+
+
+def test_norms_of_another_kind_than_the_familys(tmp_path):
+    assert claims(Manifest(replace(SHAPE, arch="llama")), facts(norms=5), tmp_path) == [
+        f"{SAYS} arch llama, the graph's norms are LayerNorms (5 LayerNormalization / SkipLayerNormalization); "
+        "llama's are RMSNorms"]
+    for arch in ("gpt2", "gpt_neox"):  # gpt_neox says no count, but its kind
+        assert claims(Manifest(replace(SHAPE, arch=arch)), facts(*rms(5), norms=0), tmp_path) == [
+            f"{SAYS} arch {arch}, the graph's norms are RMSNorms (5 SimplifiedLayerNormalization / "
+            f"SkipSimplifiedLayerNormalization); {arch}'s are LayerNorms"]
+    # one kind beside the other (a graph mixing them) is no family's kind to name: the count of the claimed kind speaks
+    assert claims(Manifest(SHAPE), facts(*rms(2), norms=5), tmp_path) == []
 
 
 def test_the_norm_count_is_not_read_when_the_layer_count_disagrees(tmp_path):
