@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 import pytest
 from click.testing import CliRunner
 
@@ -146,3 +147,29 @@ def test_gptq_needs_a_calibration_text(gpt2_model_dir, tmp_path):
     assert not (tmp_path / "x").exists()
     with pytest.raises(InvalidArgumentError, match="--gptq needs --calibration"):
         quantize_model_dir(gpt2_model_dir, tmp_path / "y", QuantizeRecipe("weight-only", gptq=True))
+
+
+@pytest.mark.slow  # two AWQ searches and one GPTQ pass through the command, scored on held-out text
+def test_gptq_rounds_the_awq_scaled_weights(gpt2_model_dir, tmp_path):
+    """--awq --gptq: AWQ's scales are folded first (the same LayerNorms as --awq alone) and GPTQ then rounds the
+    scaled weights (other MatMulNBits bytes than --awq alone), scored on held-out text no worse than --awq alone;
+    the manifest records both."""
+    runner = CliRunner()
+    base = ["quantize", str(gpt2_model_dir), "--method", "weight-only", "--bits", "4", "--awq",
+            "--calibration", str(CALIBRATION), "--calibration-sequences", "8"]
+    for name, extra in (("awq", []), ("both", ["--gptq"])):
+        result = runner.invoke(main, [*base, "-o", str(tmp_path / name), *extra])
+        assert result.exit_code == 0, result.output
+    assert "awq, gptq)" in result.output
+    q = json.loads((tmp_path / "both" / MANIFEST_NAME).read_text())["quantization"]
+    assert q["awq"] is True and q["gptq"] is True
+    graphs = {d: onnx.load(str(tmp_path / d / "model.onnx")) for d in ("awq", "both")}
+    inits = {d: {t.name: numpy_helper.to_array(t) for t in g.graph.initializer} for d, g in graphs.items()}
+    norms = [n for n in inits["awq"] if n.endswith(("ln_1.weight", "ln_2.weight"))]
+    assert len(norms) == 4 and all(np.array_equal(inits["awq"][n], inits["both"][n]) for n in norms)
+    packed = [n for n in inits["awq"] if inits["awq"][n].dtype == np.uint8 and ".h." in f".{n}"]
+    assert packed and any(not np.array_equal(inits["awq"][n], inits["both"][n]) for n in packed), \
+        "--gptq was ignored beside --awq: every block's weights are --awq's alone"
+    scorer = _Scorer(load(gpt2_model_dir, device="cpu"), HELD_OUT)
+    kl_awq, kl_both = scorer.kl(tmp_path / "awq"), scorer.kl(tmp_path / "both")
+    assert kl_both <= kl_awq, (kl_both, kl_awq)
