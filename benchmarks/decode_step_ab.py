@@ -1,0 +1,76 @@
+"""One decode step of kv_buffer model dirs, timed side by side: raw ONNX Runtime sessions bound once (the cache
+buffers, a one-token input at position T, every position before it attended), the dirs' steps interleaved in each
+round, medians per round and each dir's speedup over the first (median of the per-round ratios). No Python loop,
+sampling or text: the graph alone, as gptedge's sessions run it (ONNX Runtime's GroupQueryAttentionFusion off).
+
+    python benchmarks/decode_step_ab.py DIR_A DIR_B ... [--position 96] [--rounds 12] [--steps 30] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
+         "tensor(uint8)": np.uint8}
+
+
+def bound_step(model_dir: Path, position: int, threads: int, max_len: int):
+    """-> (session, binding, arrays kept alive): a one-row decode step at `position` over a zeroed cache."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=["GroupQueryAttentionFusion"])
+    binding, kept = session.io_binding(), []
+    names = {i.name for i in session.get_inputs()}
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values"):  # (1, kv_heads, max_len, width): past and present, one buffer
+            shape = [1, i.shape[1], max_len, i.shape[3]]
+            buf = np.zeros(shape, NUMPY[i.type])
+            kept.append(buf)
+            binding.bind_cpu_input(i.name, buf)
+            binding.bind_output(i.name.replace("past_key_values", "present"), "cpu", 0, buf.dtype, shape,
+                                buf.ctypes.data)
+    feeds = {"input_ids": np.array([[42]], np.int64), "attention_mask": np.ones((1, position + 1), np.int64),
+             "position_ids": np.array([[position]], np.int64)}
+    for name, array in feeds.items():
+        if name in names:
+            binding.bind_cpu_input(name, array)
+            kept.append(array)
+    binding.bind_output("logits", "cpu")
+    return session, binding, kept
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("--position", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    steps = [bound_step(d, args.position, args.threads, max(1024, args.position + 1)) for d in args.dirs]
+    ms: list[list[float]] = [[] for _ in args.dirs]
+    for _ in range(args.rounds):
+        for k, (session, binding, _) in enumerate(steps):
+            for _ in range(5):
+                session.run_with_iobinding(binding)
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                session.run_with_iobinding(binding)
+                times.append(time.perf_counter() - start)
+            ms[k].append(float(np.median(times)) * 1e3)
+    print(f"decode step at position {args.position}, {args.threads} threads, {args.rounds} rounds x {args.steps} steps")
+    print("| dir | median ms per round (min-max) | speedup over the first (median of rounds) |\n|---|---|---:|")
+    for d, row in zip(args.dirs, ms, strict=True):
+        ratio = float(np.median([a / b for a, b in zip(ms[0], row, strict=True)]))
+        print(f"| {d} | {np.median(row):.2f} ({min(row):.2f}-{max(row):.2f}) | {ratio:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
