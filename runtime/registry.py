@@ -82,7 +82,7 @@ class FamilyEntry(Entry):
     never names a family)."""
 
     final_norm: bool | None = None  # None: not said (the norm count is then not checked against the graph)
-    norm: str = "layer"
+    norm: str | None = None  # None: not said (a plugin's line; the norms' kind is then not checked)
     linears: tuple[tuple[str, str], ...] = GPT2_LINEARS
     # the block linears of graphs an earlier gptedge wrote for the family (load still takes them), or ()
     older_linears: tuple[tuple[str, str], ...] = ()
@@ -146,14 +146,14 @@ class Registry(Generic[E, T]):
 
 # One line a member. The first of each is the default where one is needed.
 FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
-    "gpt2": FamilyEntry("gptedge.export.gpt2", final_norm=True),
-    "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False),
+    "gpt2": FamilyEntry("gptedge.export.gpt2", final_norm=True, norm="layer"),
+    "openai-gpt": FamilyEntry("gptedge.export.openai_gpt", final_norm=False, norm="layer"),
     # RMSNorms: counted where the graph writes them as one op each (kv_buffer), not as plain ops (standard)
     "llama": FamilyEntry("gptedge.export.llama", final_norm=True, norm="rms", linears=LLAMA_LINEARS,
                          older_linears=LLAMA_UNPACKED_LINEARS),
     # GPT-NeoX has GPT-2's norm count (2n + 1): not said, so a GPT-2 graph's count still names GPT-2 alone
-    "gpt_neox": FamilyEntry("gptedge.export.gpt_neox", linears=GPT_NEOX_LINEARS,
-                                 older_linears=GPT_NEOX_UNPACKED_LINEARS),
+    "gpt_neox": FamilyEntry("gptedge.export.gpt_neox", norm="layer", linears=GPT_NEOX_LINEARS,
+                            older_linears=GPT_NEOX_UNPACKED_LINEARS),
     "qwen2": FamilyEntry("gptedge.export.qwen2", final_norm=True, norm="rms", linears=LLAMA_LINEARS,
                          older_linears=LLAMA_UNPACKED_LINEARS),
     "mistral": FamilyEntry("gptedge.export.mistral", final_norm=True, norm="rms", linears=LLAMA_LINEARS,

@@ -189,28 +189,29 @@ def _says_norms(arch: str) -> tuple[str, int] | None:
     """A family's norm kind and how many norms follow its blocks (0 or 1), or None where its line does not say."""
     entry = FAMILIES.entry(arch)
     final = getattr(entry, "final_norm", None)
-    return None if final is None else (getattr(entry, "norm", "layer"), int(final))
+    return None if final is None else (getattr(entry, "norm", None) or "layer", int(final))
 
 
 def _arch(m: Manifest, facts: GraphFacts, config: dict) -> list[str]:
     problems = []
     arch, n = m.shape.arch, m.shape.n_layer
     entry = FAMILIES.entry(arch)
-    kind = getattr(entry, "norm", "layer")  # a plugin's line may not say: LayerNorms
+    said = getattr(entry, "norm", None)  # None: a plugin's line does not say (no kind check; LayerNorms counted)
+    kind = said or "layer"
     counts = {k: sum(facts.ops[op] for op in ops) for k, ops in NORM_OPS.items()}
-    other = next((k for k in counts if k != kind and counts[k] and not counts.get(kind)), None)
-    if other is not None:  # the graph's norms are all of another kind than the family's
+    other = next((k for k in counts if k != kind and counts[k] and not counts[kind]), None)
+    if said is not None and other is not None:  # the graph's norms are all of another kind than the family's
         problems.append(f"{SAYS} arch {arch}, the graph's norms are {NORM_NAMES[other]} ({counts[other]} "
-                        f"{' / '.join(NORM_OPS[other])}); {arch}'s are {NORM_NAMES.get(kind, kind)}")
-    norms = counts.get(kind, 0)
+                        f"{' / '.join(NORM_OPS[other])}); {arch}'s are {NORM_NAMES[kind]}")
+    norms = counts[kind]
     final = getattr(entry, "final_norm", None)  # None: its line does not say (a plugin)
     # a graph whose past inputs count other layers than claimed: the I/O check names the layer count; the norm
     # count then says nothing about the family
     layers_agree = C.past_key(n - 1) in facts.input_types and C.past_key(n) not in facts.input_types
     if norms and final is not None and layers_agree and norms != 2 * n + final:
-        fits = [a for a in FAMILIES.names() if _says_norms(a) is not None and _says_norms(a) == (kind, norms - 2 * n)]
+        fits = [a for a in FAMILIES.names() if _says_norms(a) == (kind, norms - 2 * n)]
         whose = " or ".join(f"{a}'s" for a in fits) or "no known family's"
-        problems.append(f"{SAYS} arch {arch}, the graph is {whose} ({norms} {NORM_NAMES.get(kind, kind)} for {n} "
+        problems.append(f"{SAYS} arch {arch}, the graph is {whose} ({norms} {NORM_NAMES[kind]} for {n} "
                         f"layers; {arch} has {2 * n + final})")
     if "model_type" in config and config["model_type"] != m.shape.arch:
         problems.append(f"{SAYS} arch {m.shape.arch}, config.json says model_type {config['model_type']}")

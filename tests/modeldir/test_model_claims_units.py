@@ -16,6 +16,7 @@ from gptedge.runtime.checks.model_claims import claim_problems, graph_float_type
 from gptedge.runtime.modeldir.manifest import Manifest, ModelShape, Quantization
 from gptedge.runtime.modeldir.model_files import FileRecord
 from gptedge.runtime.modeldir.onnx_wire import GraphFacts, Initializer, Node
+from gptedge.runtime.registry import FAMILIES, FamilyEntry
 
 SHAPE = ModelShape("gpt2", 2, 4, 8, 100, 64)
 SAYS = "gptedge.json says"
@@ -295,6 +296,16 @@ def test_norms_of_another_kind_than_the_familys(tmp_path):
             f"SkipSimplifiedLayerNormalization); {arch}'s are LayerNorms"]
     # one kind beside the other (a graph mixing them) is no family's kind to name: the count of the claimed kind speaks
     assert claims(Manifest(SHAPE), facts(*rms(2), norms=5), tmp_path) == []
+
+
+def test_a_plugin_family_whose_line_says_no_norms_is_not_checked_for_them(tmp_path):
+    FAMILIES.register("toy-rms", FamilyEntry("toy_rms_module"))  # neither `norm` nor `final_norm` said
+    try:
+        toy = Manifest(replace(SHAPE, arch="toy-rms"))
+        assert claims(toy, facts(*rms(5), norms=0), tmp_path) == []
+        assert claims(toy, facts(norms=7), tmp_path) == []
+    finally:
+        FAMILIES.unregister("toy-rms")
 
 
 def test_the_norm_count_is_not_read_when_the_layer_count_disagrees(tmp_path):
