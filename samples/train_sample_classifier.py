@@ -15,8 +15,10 @@ to the LM head, which a classifier dir does not carry). Loss: cross-entropy of t
 
 CPU only, seeded; a few minutes with 2 threads:
 
-    python samples/train_sample_classifier.py --corpus ../shared/corpus --model samples/sample-model \\
+    python samples/train_sample_classifier.py --corpus CORPUS --model samples/sample-model \\
         --out samples/sample-classifier --eval-out samples/eval/austen-novel.jsonl --force
+
+CORPUS: a folder with austen/*.txt (Austen's six novels, one file each, from Debian's r-cran-janeaustenr).
 """
 
 from __future__ import annotations

@@ -12,8 +12,11 @@ into --work-dir and picked up again on restart. Written in the layout transforme
 generation_config.json with eos_token_id [</s>, <|im_end|>], model.safetensors, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json, training_log.json) to --out.
 
-    python samples/train_sample_llama.py --corpus ../shared/corpus/austen --out samples/sample-llama
-    python samples/train_sample_llama.py --corpus ../shared/corpus/kjv --out /tmp/kjv-llama  # any folder of .txt
+    python samples/train_sample_llama.py --corpus CORPUS/austen --out samples/sample-llama
+    python samples/train_sample_llama.py --corpus CORPUS/kjv --out /tmp/kjv-llama  # any folder of .txt
+
+CORPUS: a folder with austen/*.txt (Austen's six novels, one file each, from Debian's r-cran-janeaustenr) and
+kjv/kjv.txt (the King James Bible, one verse per line, from Debian's bible-kjv-text); public-domain texts.
 """
 
 from __future__ import annotations

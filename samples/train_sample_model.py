@@ -4,7 +4,10 @@ CPU only, resumable: a checkpoint is written every --save-every steps into --wor
 picked up again on restart. The result is written in HF GPT-2 layout (config.json,
 model.safetensors, tokenizer.json) to --out.
 
-    python samples/train_sample_model.py --corpus ../shared/corpus --out samples/sample-model
+    python samples/train_sample_model.py --corpus CORPUS --out samples/sample-model
+
+CORPUS: a folder with austen/*.txt (Austen's six novels, one file each, from Debian's r-cran-janeaustenr) and
+kjv/kjv.txt (the King James Bible, one verse per line, from Debian's bible-kjv-text); public-domain texts.
 """
 
 from __future__ import annotations
