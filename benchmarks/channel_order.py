@@ -14,8 +14,8 @@ unpermuted fp32 export:
     gptedge quantize W/fp32p -o W/wo8p --method weight-only [--block-size 128]
     gptedge compare W/fp32 W/wo8 W/wo8p --text samples/eval/persuasion_ch1-7.txt --max-tokens 2048 ...
 
-Results: benchmarks/results/8bit-decode-2026-11-26.md (blocks of 32 to 128: KL 11-20 % lower at 8 bits, 58 %
-higher at 4 bits; not adopted).
+Results: benchmarks/results/8bit-decode-2026-11-26.md (two checkpoints, blocks of 32 to 128: KL 11-31 % lower at
+8 bits, 2-58 % higher at 4 bits; not adopted).
 """
 
 from __future__ import annotations
