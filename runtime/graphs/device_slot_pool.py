@@ -243,6 +243,11 @@ class DeviceSlotPool:
             return picked, None
         return picked, decoder.logits.numpy()[wanted, -1, :].astype(np.float32)  # (m, V)
 
+    def room_to_step(self) -> bool:
+        """Every joined row has room for one more position (what a step writes), so a step may run before the
+        engine has read the last one's tokens (serving/step_ahead.py)."""
+        return all(self._held[self._slot[s]] + 1 <= self.max_length for s in self._joined)
+
     def remove(self, seq: int) -> None:
         self.prompt_logits.pop(seq, None)
         slot = self._slot.pop(seq, None)

@@ -29,13 +29,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..generation.arguments import check_int
-from ..generation.constraints import STOP_GRAMMAR, MaskWorker, RowConstraint
+from ..generation.constraints import STOP_GRAMMAR, MaskWorker
 from ..generation.evaluate import log_softmax
 from ..generation.generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, STOP_STRING, Generation, SequenceState,
                                      check_prompts)
@@ -47,49 +47,12 @@ from ..model import LoadedModel
 from .admission import PrefillPlan, plan_prefill
 from .metrics import EngineMetrics
 from .prefix_cache import PrefixReuse
-from .prompt_logprobs import PromptLogprobs, prompt_logprobs
+from .prompt_logprobs import prompt_logprobs
+from .in_flight import Active, RequestHandle, needs_logits
 from .requests import CompletionRequest, EngineStoppedError, FinishReason, QueueFullError, RequestState, TokenEvent
+from .step_ahead import StepAhead
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Active:
-    request: CompletionRequest
-    on_event: Callable[[TokenEvent], None]
-    state: SequenceState
-    submitted: float
-    seq: int
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    keys: tuple[bytes, ...] = ()  # its prompt's block keys for the prefix cache (prefix_cache.py), when on
-    reused: int = 0  # prompt positions its prefill takes from the prefix cache
-    pending: int = -1  # the sampled token the next step feeds
-    last_token_at: float = 0.0
-    status: RequestState = RequestState.WAITING
-    constraint: RowConstraint | None = None  # its grammar's state and next mask (structured output)
-    prompt_logprobs: PromptLogprobs | None = None  # computed at prefill, sent with the first event
-    needs_logits: bool = True  # False: a plain greedy row (_needs_logits), whose token a pool may pick on the device
-
-
-def _needs_logits(request: CompletionRequest) -> bool:
-    """False for a row whose next token is the logits' argmax and needs nothing else from them (no logprobs, no
-    grammar's mask, no repetition penalty): the pool may pick it where the logits are (select_token's greedy hot
-    path). Decided once, when the request is queued."""
-    return (request.constraint is not None or bool(request.logprobs) or not request.sampling.is_greedy
-            or request.sampling.repetition_penalty != 1.0)
-
-
-class RequestHandle:
-    def __init__(self, active: _Active):
-        self._active = active
-
-    @property
-    def id(self) -> int:
-        return self._active.seq
-
-    def cancel(self) -> None:
-        """Stop this request at the next step boundary (its room is freed there)."""
-        self._active.cancelled.set()
 
 
 class Engine:
@@ -104,6 +67,8 @@ class Engine:
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
         self._picks = hasattr(self.pool, "step_picked")  # the GPU's pool: greedy rows picked on the device
+        # ... and the next step run while this one's tokens are emitted, when every row was picked there
+        self._ahead = StepAhead(self.pool) if self._picks else None
         self.metrics = EngineMetrics()
         self._masks = MaskWorker()  # constrained rows' next masks, computed while the step runs
         self.prefix = self._prefix_reuse(prefix_cache_mb)  # None: every prompt is prefilled from its first token
@@ -111,10 +76,10 @@ class Engine:
         if self._tokenizer is not None:  # cached: the same ids recur
             self._token_text = functools.lru_cache(maxsize=65536)(functools.partial(token_text, self._tokenizer))
         self._cond = threading.Condition()
-        self._waiting: deque[_Active] = deque()
-        self._running: list[_Active] = []
-        self._prefilling: tuple[_Active, object] | None = None
-        self._group: list[_Active] = []  # newcomers off the queue, in a prefill run (a failed run fails them too)
+        self._waiting: deque[Active] = deque()
+        self._running: list[Active] = []
+        self._prefilling: tuple[Active, object] | None = None
+        self._group: list[Active] = []  # newcomers off the queue, in a prefill run (a failed run fails them too)
         self._ids = itertools.count(1)
         self._accepting = True
         self._deadline: float | None = None  # set by stop(): cancel whatever still runs then
@@ -191,8 +156,8 @@ class Engine:
                 raise EngineStoppedError("the server is shutting down")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
-            active = _Active(request, on_event, state, time.perf_counter(), next(self._ids), keys=keys,
-                             needs_logits=_needs_logits(request))
+            active = Active(request, on_event, state, time.perf_counter(), next(self._ids), keys=keys,
+                             needs_logits=needs_logits(request))
             if request.constraint is not None:
                 active.constraint = request.constraint.start(request.stop_ids)
             self._waiting.append(active)
@@ -227,13 +192,20 @@ class Engine:
                 if not self._accepting and (self._deadline_passed() or not self._unfinished()):
                     break
             try:
+                if self._ahead is not None and self._ahead.out:  # the step launched last turn comes first
+                    self._decode_step()
+                    continue
                 self._drop_cancelled()
                 self._prefill_turn()
                 if self._running:
                     self._decode_step()
             except Exception as e:  # a failed run fails what was in flight, and the engine goes on
                 log.exception("engine step failed")
+                if self._ahead is not None:
+                    self._ahead.settle()
                 self._fail_all(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        if self._ahead is not None:
+            self._ahead.close()
         self._cancel_all()
         self._masks.close()
 
@@ -279,7 +251,7 @@ class Engine:
         self._prefilling = None
         self._joined(active, logits)
 
-    def _admit(self) -> tuple[PrefillPlan, list[_Active]]:
+    def _admit(self) -> tuple[PrefillPlan, list[Active]]:
         """This turn's plan, and the newcomers it admits taken off the queue's head (now prefilling)."""
         if self._prefilling is not None:  # the engine thread's own state: the queue is not read, no lock needed
             return plan_prefill(True, (), len(self._running), self.max_batch, self.prefill_chunk), []
@@ -297,13 +269,13 @@ class Engine:
             active.status = RequestState.PREFILLING
         return plan, group
 
-    def _prefixes(self, group: list[_Active]) -> list[np.ndarray | None] | None:
+    def _prefixes(self, group: list[Active]) -> list[np.ndarray | None] | None:
         """Each newcomer's cached prefix (None: it reuses nothing) for the pool's prefill; None when reuse is off."""
         if self.prefix is None:
             return None
         return [self.prefix.take(a.keys, a.reused) for a in group]
 
-    def _joined(self, active: _Active, logits: np.ndarray) -> None:
+    def _joined(self, active: Active, logits: np.ndarray) -> None:
         """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
         if self.prefix is not None:  # its blocks not cached yet, before the row can leave
             self.prefix.store(active.seq, active.keys)
@@ -325,6 +297,39 @@ class Engine:
         self.metrics.running = len(self._running)
 
     def _decode_step(self) -> None:
+        if self._ahead is not None and self._ahead.out:  # run ahead over exactly these rows (and the leavers)
+            picked = self._ahead.take()
+            selected = [(None, picked[a.seq]) for a in self._running]
+        else:
+            selected = self._step_now()
+        if self._steps_ahead(selected):  # the next step runs on the GPU while these tokens are emitted
+            self._ahead.launch([a.seq for a in self._running], np.array([tok for _, tok in selected], np.int64))
+        for active, (row, tok) in zip(list(self._running), selected, strict=True):
+            self._emit_next(active, row, tok)
+            if active.state.result.stop:
+                self._running.remove(active)
+                if self.prefix is not None:  # what its row holds: the prompt and every token but the last
+                    held = active.request.prompt_ids + tuple(active.state.result.ids[:-1])
+                    self.prefix.store_finished(active.seq, held)
+                if self._ahead is not None:
+                    self._ahead.remove(active.seq)  # its slot freed once a step out is back
+                else:
+                    self.pool.remove(active.seq)
+        if self._ahead is not None and not self._running:
+            self._ahead.settle()  # every row ended: nothing will take the step out
+        self.metrics.running = len(self._running)
+
+    def _steps_ahead(self, selected: list[tuple[np.ndarray | None, int | None]]) -> bool:
+        """Whether the next step may run before these tokens are emitted (step_ahead.py): every row picked on the
+        device and not cancelled, nobody waiting or prefilling in chunks (they come first), no prefix cache
+        reading rows, room for one more position in each."""
+        return (self._ahead is not None and self.prefix is None and self._prefilling is None and not self._waiting
+                and all(tok is not None for _, tok in selected)
+                and not any(a.cancelled.is_set() for a in self._running) and self._ahead.can_launch())
+
+    def _step_now(self) -> list[tuple[np.ndarray | None, int | None]]:
+        """One step of the running rows -> per row (its logits (V,), None) to select from, or (None, the token
+        picked on the device)."""
         # the constrained rows' next masks are computed on the MaskWorker's thread while the model runs
         masks = self._masks.begin([a.constraint for a in self._running if a.constraint is not None])
         seqs, fed = [a.seq for a in self._running], np.array([a.pending for a in self._running])
@@ -340,17 +345,9 @@ class Engine:
         finally:
             if masks is not None:
                 masks.result()
-        for active, (row, tok) in zip(list(self._running), selected, strict=True):
-            self._emit_next(active, row, tok)
-            if active.state.result.stop:
-                self._running.remove(active)
-                if self.prefix is not None:  # what its row holds: the prompt and every token but the last
-                    held = active.request.prompt_ids + tuple(active.state.result.ids[:-1])
-                    self.prefix.store_finished(active.seq, held)
-                self.pool.remove(active.seq)
-        self.metrics.running = len(self._running)
+        return selected
 
-    def _emit_next(self, active: _Active, logits: np.ndarray | None, tok: int | None = None) -> None:
+    def _emit_next(self, active: Active, logits: np.ndarray | None, tok: int | None = None) -> None:
         """Select one token from logits (V,) (or take `tok`, picked on the device for a plain greedy row, logits
         None), report it, and mark the request done when it ends."""
         req, state, rule = active.request, active.state, active.constraint
@@ -386,7 +383,7 @@ class Engine:
         else:
             self._deliver(active, TokenEvent(piece, tok, logprob, top, **named))
 
-    def _deliver(self, active: _Active, event: TokenEvent) -> None:
+    def _deliver(self, active: Active, event: TokenEvent) -> None:
         """Hand an event to its request's callback. A callback that raises ends its own request (cancelled at
         the next step boundary), never the batch: the others' events keep coming."""
         if active.prompt_logprobs is not None:  # the first event carries them
@@ -399,7 +396,7 @@ class Engine:
                             active.seq, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
             active.cancelled.set()
 
-    def _finish(self, active: _Active, piece: str, tok: int | None, logprob=None, top=None,
+    def _finish(self, active: Active, piece: str, tok: int | None, logprob=None, top=None,
                 reason: FinishReason | None = None, error: str | None = None, named: dict | None = None) -> None:
         r = active.state.result
         tail = active.state.stream.flush() if active.state.stream is not None and reason is None else ""
@@ -427,7 +424,7 @@ class Engine:
             self._finish(a, "", None, reason=FinishReason.CANCELLED)
         self.metrics.running = len(self._running)
 
-    def _in_flight(self) -> list[_Active]:
+    def _in_flight(self) -> list[Active]:
         with self._cond:
             waiting = list(self._waiting)
             self._waiting.clear()

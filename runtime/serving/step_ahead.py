@@ -1,0 +1,100 @@
+"""The next decode step launched before this one's tokens are emitted (the GPU's pool; docs/design.md#serving).
+
+On a GPU the engine's turn was: run the step (~2.2 ms for 64 rows of GPT-2 small fp16 on an H100, the thread waiting
+in ONNX Runtime), then emit each row's token on the host (select, detokenize, stop checks, the HTTP layer's
+callback: ~20 us a row, ~1.3 ms for 64), then the next step. The GPU idled while the host emitted. When every
+running row's token was picked on the device (plain greedy rows: DeviceSlotPool.step_picked), the next step's input
+is known before any of this step's tokens is emitted: it is the picks themselves. So the engine hands that step to
+this worker thread and emits meanwhile; ONNX Runtime releases the GIL while it runs, so the two overlap.
+
+What the early step costs: a row that ends among the tokens being emitted was stepped once more for nothing (the
+token is dropped, and its slot is freed only once the step is back: `remove` defers it). Nothing else may touch
+the pool while a step is out, so the engine launches one only when nobody waits, no prompt is being prefilled in
+chunks, no running row was cancelled, samples on the host, or lacks room for one more position, and it collects
+the step before anything else happens on its thread.
+
+The worker needs the GIL back twice a step (after the decode run, after the pick), while the engine thread and the
+HTTP layer's event loop run Python: at CPython's default switch interval (5 ms) a thread can wait that long for it,
+longer than the step. The interval is lowered to SWITCH_INTERVAL_S for the process while an engine steps ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SWITCH_INTERVAL_S = 0.0002  # CPython's GIL hand-over interval (default 0.005): see above
+
+
+class StepAhead:
+    """The one step out at a time over a pool that picks greedy rows on the device (step_picked, room_to_step)."""
+
+    def __init__(self, pool):
+        self._pool = pool
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gptedge-step")
+        self._out: tuple[list[int], Future] | None = None  # the seqs stepped, in order, and the step's future
+        self._leaving: list[int] = []  # rows that ended while the step was out: their slots are freed after it
+        self.launched = 0  # steps run ahead so far (a figure for tests and metrics)
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            log.info("stepping ahead: the GIL's switch interval %.4f s -> %.4f s", sys.getswitchinterval(),
+                     SWITCH_INTERVAL_S)
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+    @property
+    def out(self) -> bool:
+        """A step is running or done and not yet taken."""
+        return self._out is not None
+
+    def can_launch(self) -> bool:
+        return self._out is None and self._pool.room_to_step()
+
+    def launch(self, seqs: Sequence[int], tokens: np.ndarray) -> None:
+        """Step every joined sequence (seqs, each fed its token in tokens (n,) int64), greedy picks only."""
+        if self._out is not None:
+            raise RuntimeError("a step is already out")
+        seqs = list(seqs)
+        self._out = (seqs, self._worker.submit(self._pool.step_picked, seqs, tokens, [False] * len(seqs)))
+        self.launched += 1
+
+    def take(self) -> dict[int, int]:
+        """Wait for the step out -> each stepped seq's picked token; the slots of rows that left meanwhile freed
+        (also when the step failed: its error is raised after)."""
+        seqs, future = self._out
+        self._out = None
+        try:
+            picked, _ = future.result()
+        finally:
+            self._free_leavers()
+        return dict(zip(seqs, picked.tolist(), strict=True))
+
+    def remove(self, seq: int) -> None:
+        """Free a row's slot: now, or once the step out is back."""
+        if self._out is None:
+            self._pool.remove(seq)
+        else:
+            self._leaving.append(seq)
+
+    def settle(self) -> None:
+        """Wait for any step out, dropping its picks (and logging its error: the caller is failing or stopping
+        anyway), and free the leavers' slots: the pool is the engine thread's alone again."""
+        if self._out is not None:
+            try:
+                self.take()
+            except Exception as e:  # already on the way out: the caller fails or cancels every row itself
+                log.warning("a step run ahead failed: %s: %s", type(e).__name__, str(e).splitlines()[0][:200])
+        self._free_leavers()
+
+    def close(self) -> None:
+        self.settle()
+        self._worker.shutdown(wait=True)
+
+    def _free_leavers(self) -> None:
+        leaving, self._leaving = self._leaving, []
+        for seq in leaving:
+            self._pool.remove(seq)

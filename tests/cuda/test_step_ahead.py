@@ -1,0 +1,171 @@
+"""The engine's next step run while this one's tokens are emitted (runtime/serving/step_ahead.py), on the CPU through
+the GPU's slot pool: the same tokens as generate, slots freed only once the step out is back, and a step that fails
+out there failing its rows and nothing else."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gptedge.runtime import load
+from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.graphs.sequence_pool import drain
+from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason
+
+from ..support.engine import Collector, staggered_requests
+from .test_device_slot_pool import _device_pool
+
+pytestmark = pytest.mark.slow  # the GPU slot pool built and run on the CPU against the engine
+
+GREEDY = SamplingParams(greedy=True)
+
+
+@pytest.fixture()
+def served(gpt2_kv_buffer_loaded):
+    """A model whose engine pool is the GPU's (narrow decoders, picks by ArgMax session), each pool kept in .pools."""
+    model = load(gpt2_kv_buffer_loaded.model_dir, device="cpu")
+    model.variant.pick_on_device = True
+    model.pools = []
+
+    def pool(capacity, max_length):
+        model.pools.append(_device_pool(model, capacity, narrow=True))
+        return model.pools[-1]
+
+    model.variant.sequence_pool = pool
+    return model
+
+
+def _greedy(model, n: int) -> list[CompletionRequest]:
+    """n greedy requests of varied prompts, lengths and stop strings (they end on different steps)."""
+    return [CompletionRequest(r.prompt_ids, r.max_new_tokens, sampling=GREEDY, stop=r.stop)
+            for r in staggered_requests(model, n)]
+
+
+def _slow_steps(pool, delay_s: float, during: list[int]):
+    """Make each step_picked take delay_s longer, counting in during[0] the calls in progress."""
+    step = pool.step_picked
+
+    def slow(*args):
+        during[0] += 1
+        try:
+            time.sleep(delay_s)
+            return step(*args)
+        finally:
+            during[0] -= 1
+
+    pool.step_picked = slow
+
+
+def test_steps_run_ahead_give_generates_tokens_and_free_every_slot(served):
+    requests = _greedy(served, 9)
+    solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, greedy=True) for r in requests]
+    engine = Engine(served, max_batch=4, max_queue=16, prefill_chunk=None)
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    engine.start()
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+    assert [c.last.generation.text for c in got] == [w.text for w in solo]
+    assert engine._ahead.launched > 5  # most steps ran ahead once the queue was empty
+    pool = served.pools[0]
+    assert sorted(pool._free) == list(range(4)) and not pool._joined and not pool._slot
+
+
+def test_a_row_that_ends_while_a_step_is_out_keeps_its_slot_until_the_step_is_back(served):
+    """Rows end among the tokens being emitted while the next step (over their slots too) runs: freeing a slot then
+    would change the mask and positions that step reads. Each remove must come when no step is running."""
+    requests = [CompletionRequest(r.prompt_ids, 3 + 2 * i, sampling=GREEDY, ignore_eos=True)
+                for i, r in enumerate(_greedy(served, 4))]
+    solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True) for r in requests]
+    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
+    pool = served.pools[0]
+    during, removed_while_out = [0], []
+    _slow_steps(pool, 0.02, during)
+    remove = pool.remove
+    pool.remove = lambda seq: (removed_while_out.append(seq) if during[0] else None, remove(seq))[1]
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    engine.start()
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert engine._ahead.launched > 3
+    assert removed_while_out == []
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+    assert sorted(pool._free) == list(range(4))
+
+
+def test_a_cancelled_row_ends_the_steps_ahead_and_the_others_go_on(served):
+    requests = [CompletionRequest(r.prompt_ids, 24, sampling=GREEDY, ignore_eos=True) for r in _greedy(served, 3)]
+    solo = [served.generate(list(r.prompt_ids), 24, greedy=True, ignore_eos=True) for r in requests]
+    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
+    got, handles = [Collector() for _ in requests], []
+
+    def cancelling(event):  # the middle request cancels itself at its fourth token
+        got[1](event)
+        if len(got[1].events) == 4:
+            handles[1].cancel()
+
+    for r, c in zip(requests, (got[0], cancelling, got[2]), strict=True):
+        handles.append(engine.submit(r, c))
+    engine.start()
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert got[1].last.finish_reason == FinishReason.CANCELLED and len(got[1].events) < 24
+    assert [got[i].last.generation.ids for i in (0, 2)] == [solo[i].ids for i in (0, 2)]
+    assert engine._ahead.launched > 10  # before the cancel and after it
+    assert sorted(served.pools[0]._free) == list(range(4))
+
+
+def test_a_step_that_fails_ahead_fails_its_rows_and_the_engine_serves_on(served):
+    requests = [CompletionRequest(r.prompt_ids, 20, sampling=GREEDY, ignore_eos=True) for r in _greedy(served, 2)]
+    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
+    pool = served.pools[0]
+    step, calls = pool.step_picked, []
+
+    def failing(*args):  # the fifth step run ahead fails
+        if threading.current_thread().name.startswith("gptedge-step"):
+            calls.append(1)
+            if len(calls) == 5:
+                raise RuntimeError("CUDA error: an illegal memory access")
+        return step(*args)
+
+    pool.step_picked = failing
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    engine.start()
+    assert all(c.finished() for c in got)
+    assert [c.last.finish_reason for c in got] == [FinishReason.ERROR] * 2
+    assert all("illegal memory access" in c.last.error for c in got)
+    assert sorted(pool._free) == list(range(4)) and not pool._joined
+    after = _greedy(served, 1)[0]
+    again = Collector()
+    engine.submit(after, again)
+    assert again.finished()
+    engine.stop(grace_s=1)
+    assert again.last.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    want = served.generate(list(after.prompt_ids), after.max_new_tokens, stop=after.stop, greedy=True)
+    assert again.last.generation.ids == want.ids
+
+
+def test_the_pool_has_room_to_step_until_a_row_holds_its_last_position(gpt2_kv_buffer_loaded):
+    model = gpt2_kv_buffer_loaded
+    ctx = model.manifest.shape.context_length
+    pool = _device_pool(model, 2)
+    prompt = list(range(1, ctx - 2))  # ctx - 3 positions
+    drain(pool.prefill(1, prompt, None))
+    drain(pool.prefill(2, [5, 6], None))
+    assert pool.room_to_step()
+    pool.step([1, 2], np.array([7, 8]))
+    pool.step([1, 2], np.array([7, 8]))
+    assert pool.room_to_step()  # row 1 holds ctx - 1: one position left
+    pool.step([1, 2], np.array([7, 8]))
+    assert not pool.room_to_step()  # row 1 is full: a step would write past the cache
+    pool.remove(1)
+    assert pool.room_to_step()
