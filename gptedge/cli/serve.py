@@ -32,7 +32,7 @@ from gptedge.runtime.modeldir.chat_template import ChatTemplateError, find_chat_
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
 from gptedge.runtime.serving.classify_batcher import ClassifyBatcher  # threading only: light at --help
 from gptedge.sample import sample_model_dir
-from gptedge.serve.options import (MAX_BATCH, MAX_PREFILL_CHUNK, MAX_PREFIX_CACHE_MB, MAX_QUEUE, Seconds,
+from gptedge.serve.options import (MAX_BATCH, MAX_PREFILL_CHUNK, MAX_PREFIX_CACHE_MB, MAX_QUEUE, Milliseconds, Seconds,
                                    classify_options, limit_options)
 from gptedge.serve.options import api_key as api_key_check
 from gptedge.serve.options import model_name as model_name_check
@@ -79,6 +79,9 @@ def _listen(host: str, port: int) -> socket.socket:
               help="Prompt positions (padding counted) one prefill run may take between two decode steps: "
                    "newcomers whose prompts fit are prefilled together, a longer prompt in chunks. Smaller: "
                    "running streams stall less; larger: a burst's first tokens come sooner.")
+@click.option("--prefill-hold-ms", default=None, type=Milliseconds(0, 1000),
+              help="Milliseconds newcomers may wait while rows decode, so that several share one prefill run "
+                   "(default: 10 on CUDA, where a run costs about a step whatever it holds; 0 on the CPU).")
 @click.option("--prefix-cache-mb", default=PREFIX_CACHE_MB, show_default=True, type=count(0, MAX_PREFIX_CACHE_MB),
               help="MiB of memory for the keys and values of prompt prefixes seen before: a prompt that starts with "
                    "one (a system prompt, a conversation's history) prefills only the rest. Least recently used "
@@ -114,7 +117,8 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--web", default="auto", show_default=True,
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
-def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, prefix_cache_mb: int,
+def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, prefill_hold_ms: float | None,
+          prefix_cache_mb: int,
           spin: str, spin_us: int | None, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
           shutdown_timeout: float, web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int,
@@ -148,8 +152,9 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
     chat = template if template is not None else find_chat_template(model)  # what /v1/chat/completions renders
     with page.web_model(Path(model), loaded.manifest, web, chat) as (web_dir, unavailable):  # a temporary pack
         routes = page.playground_routes(page.Playground(name, bool(api_key), web_dir, unavailable, chat is not None))
-        _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, prefix_cache_mb, max_queue,
-             max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable, limits, template)
+        _run(uvicorn, app, loaded, model, name, host, port, max_batch, (prefill_budget, prefill_hold_ms),
+             prefix_cache_mb, max_queue, max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable,
+             limits, template)
 
 
 def _read_chat_template(path: Path) -> str:
@@ -204,23 +209,26 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
     diag("server stopped")
 
 
-def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, prefill_budget: int,
-         prefix_cache_mb: int, max_queue: int,
+def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int,
+         prefill: tuple[int, float | None], prefix_cache_mb: int, max_queue: int,
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
          limits, chat_template: str | None = None) -> None:
     """Listen, start the engine, and serve until a signal stops it."""
     from gptedge.runtime.serving.engine import Engine  # deferred: numpy, not needed at --help
 
     sock = _listen(host, port)
+    prefill_budget, hold_ms = prefill  # positions a prefill run may take; how long newcomers may wait to share one
     engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget,
-                    prefix_cache_mb=prefix_cache_mb).start()
+                    prefix_cache_mb=prefix_cache_mb, prefill_hold_ms=hold_ms).start()
     state = app.ServeState(app.Generating(engine, loaded, max_tokens, chat_template), name, api_key or None,
                            limits=limits)
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")
     bound = sock.getsockname()
     diag(f"playground: http://{bound[0]}:{bound[1]}/ (in this browser: {unavailable or 'yes'})")
     _serve(uvicorn, app, state, sock, host, api_key, shutdown_timeout, limits, routes,
-           f"max batch {max_batch}, prefill budget {prefill_budget}, queue {max_queue}, "
+           f"max batch {max_batch}, prefill budget {prefill_budget}"
+           f"{f' (newcomers held up to {engine.prefill_hold_s * 1000:g} ms)' if engine.prefill_hold_s else ''}, "
+           f"queue {max_queue}, "
            f"prefix cache {_prefix_cache_words(engine, prefix_cache_mb)}")
 
 

@@ -42,8 +42,14 @@ class Seconds(click.ParamType):
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
         if not (math.isfinite(seconds) and self.low <= seconds <= self.high):
-            self.fail(f"{value} is not in the range {self.low:g}<=x<={self.high:g} (seconds)", param, ctx)
+            self.fail(f"{value} is not in the range {self.low:g}<=x<={self.high:g} ({self.name})", param, ctx)
         return seconds
+
+
+class Milliseconds(Seconds):
+    """A finite number of milliseconds in low..high."""
+
+    name = "milliseconds"
 
 
 def api_key(ctx, param, value: str | None) -> str | None:

@@ -44,7 +44,7 @@ from ..generation.sampling import select_token
 from ..generation.text_stream import TextStream, token_text
 from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
-from .admission import PrefillPlan, plan_prefill
+from .admission import PrefillPlan, holds_newcomers, plan_prefill
 from .metrics import EngineMetrics
 from .prefix_cache import PrefixReuse
 from .prompt_logprobs import prompt_logprobs
@@ -57,7 +57,10 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, model: LoadedModel, max_batch: int = 8, max_queue: int = 64,
-                 prefill_chunk: int | None = PREFILL_CHUNK, prefix_cache_mb: float = PREFIX_CACHE_MB):
+                 prefill_chunk: int | None = PREFILL_CHUNK, prefix_cache_mb: float = PREFIX_CACHE_MB,
+                 prefill_hold_ms: float | None = None):
+        """prefill_hold_ms: how long newcomers may wait while rows run, to share a prefill run (admission.py,
+        holds_newcomers); None: the pool's own figure (the GPU's; 0 elsewhere, where a run costs what it holds)."""
         if not isinstance(model, LoadedModel):
             raise TypeError(f"Engine() takes a loaded model (gptedge.runtime.load(DIR)), got {type(model).__name__}")
         max_batch, max_queue = check_int(max_batch, "max_batch", 1), check_int(max_queue, "max_queue", 0)
@@ -66,6 +69,10 @@ class Engine:
         self.model, self.max_batch, self.max_queue, self.prefill_chunk = model, max_batch, max_queue, prefill_chunk
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
+        hold = getattr(self.pool, "prefill_hold_ms", 0.0) if prefill_hold_ms is None else prefill_hold_ms
+        if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold < float("inf"):
+            raise InvalidArgumentError(f"prefill_hold_ms must be a number >= 0, got {hold!r}")
+        self.prefill_hold_s = hold / 1000
         self._picks = hasattr(self.pool, "step_picked")  # the GPU's pool: greedy rows picked on the device
         # ... and the next step run while this one's tokens are emitted, when every row was picked there
         self._ahead = StepAhead(self.pool) if self._picks else None
@@ -256,6 +263,8 @@ class Engine:
         if self._prefilling is not None:  # the engine thread's own state: the queue is not read, no lock needed
             return plan_prefill(True, (), len(self._running), self.max_batch, self.prefill_chunk), []
         with self._cond:
+            if self._holding():
+                return plan_prefill(False, (), len(self._running), self.max_batch, self.prefill_chunk), []
             # a request scoring its prompt (prompt logprobs) runs every position: it reuses nothing
             waiting = ((len(a.request.prompt_ids), 0 if a.request.prompt_logprobs is not None
                         else self.prefix.reusable(a.request.prompt_ids, a.keys))
@@ -268,6 +277,13 @@ class Engine:
             self.metrics.tokens_in += len(active.request.prompt_ids)
             active.status = RequestState.PREFILLING
         return plan, group
+
+    def _holding(self) -> bool:
+        """Newcomers wait for company (admission.holds_newcomers): they are queued, rows run, the pool's prefill
+        runs are launch-bound."""
+        waiting = self._waiting
+        return bool(waiting) and holds_newcomers(len(waiting), time.perf_counter() - waiting[0].submitted,
+                                                 len(self._running), self.max_batch, self.prefill_hold_s)
 
     def _prefixes(self, group: list[Active]) -> list[np.ndarray | None] | None:
         """Each newcomer's cached prefix (None: it reuses nothing) for the pool's prefill; None when reuse is off."""
@@ -321,9 +337,10 @@ class Engine:
 
     def _steps_ahead(self, selected: list[tuple[np.ndarray | None, int | None]]) -> bool:
         """Whether the next step may run before these tokens are emitted (step_ahead.py): every row picked on the
-        device and not cancelled, nobody waiting or prefilling in chunks (they come first), no prefix cache
+        device and not cancelled, nobody due to prefill or prefilling in chunks (they come first), no prefix cache
         reading rows, room for one more position in each."""
-        return (self._ahead is not None and self.prefix is None and self._prefilling is None and not self._waiting
+        return (self._ahead is not None and self.prefix is None and self._prefilling is None
+                and (not self._waiting or self._holding())
                 and all(tok is not None for _, tok in selected)
                 and not any(a.cancelled.is_set() for a in self._running) and self._ahead.can_launch())
 

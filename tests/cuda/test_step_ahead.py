@@ -169,3 +169,38 @@ def test_the_pool_has_room_to_step_until_a_row_holds_its_last_position(gpt2_kv_b
     assert not pool.room_to_step()  # row 1 is full: a step would write past the cache
     pool.remove(1)
     assert pool.room_to_step()
+
+
+def test_newcomers_held_back_share_one_prefill_run_while_a_row_decodes(served):
+    """With a hold, newcomers arriving one by one beside a running row wait (the row decoding meanwhile, steps run
+    ahead) and are prefilled together once the first has waited the hold; every request gets generate's tokens."""
+    ctx = served.manifest.shape.context_length
+    first = CompletionRequest(tuple(_greedy(served, 1)[0].prompt_ids), 60, sampling=GREEDY, ignore_eos=True)
+    later = [CompletionRequest(r.prompt_ids, 6, sampling=GREEDY, ignore_eos=True) for r in _greedy(served, 4)[1:]]
+    assert len(first.prompt_ids) + 60 <= ctx
+    solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True)
+            for r in [first, *later]]
+    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None, prefill_hold_ms=150)
+    pool = served.pools[0]
+    _slow_steps(pool, 0.005, [0])  # ~5 ms a step: the first row runs for ~300 ms
+    groups = []
+    prefill_group = pool.prefill_group
+    pool.prefill_group = lambda seqs, prompts, **kw: (groups.append(list(seqs)), prefill_group(seqs, prompts, **kw))[1]
+    waiting_at_launch = []
+    launch = engine._ahead.launch
+    engine._ahead.launch = lambda *a: (waiting_at_launch.append(len(engine._waiting)), launch(*a))[1]
+    got = [Collector() for _ in range(4)]
+    engine.submit(first, got[0])
+    engine.start()
+    while not got[0].events:
+        time.sleep(0.001)
+    for r, c in zip(later, got[1:], strict=True):
+        engine.submit(r, c)
+        time.sleep(0.02)
+    events_before = len(got[0].events)
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert [len(g) for g in groups] == [1, 3]  # the first alone, then the three newcomers in one run
+    assert len(got[0].events) > events_before  # the running row was not held
+    assert max(waiting_at_launch) >= 1  # and its steps ran ahead while newcomers were held
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]

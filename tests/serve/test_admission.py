@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from gptedge.runtime.serving.admission import PrefillPlan, plan_prefill
+from gptedge.runtime.serving.admission import HOLD_GROUP, PrefillPlan, holds_newcomers, plan_prefill
 
 
 @pytest.mark.parametrize("waiting, running, max_batch, budget, plan", [
@@ -41,3 +41,21 @@ def test_the_queue_is_read_only_as_far_as_admission_goes():
     read.clear()
     assert plan_prefill(True, (read.append(n) or 4 for n in itertools.count()), 0, 3, 256).admit == 0
     assert read == []
+
+
+@pytest.mark.parametrize("waiting, waited, running, held", [
+    (1, 0.001, 4, True),  # one newcomer, rows running, little waited: it waits for company
+    (HOLD_GROUP - 1, 0.009, 4, True),
+    (HOLD_GROUP, 0.001, 4, False),  # a full group goes at once
+    (3, 0.001, 61, False),  # as many as there are free rows (64 - 61)
+    (2, 0.001, 61, True),
+    (1, 0.010, 4, False),  # the head has waited the whole hold
+    (1, 0.001, 0, False),  # nothing running: an idle engine prefills at once
+    (0, 0.0, 4, False),
+])
+def test_newcomers_wait_for_company_only_while_rows_run_and_not_past_the_hold(waiting, waited, running, held):
+    assert holds_newcomers(waiting, waited, running, 64, 0.010) is held
+
+
+def test_no_hold_holds_nothing():
+    assert not holds_newcomers(1, 0.0, 4, 64, 0.0)

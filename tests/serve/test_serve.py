@@ -59,15 +59,16 @@ def server(serve_model_dir, tmp_path_factory):
                      "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE), "--host", "127.0.0.1",
                      "--device", "cpu", "--max-tokens-limit", str(TOKENS_LIMIT),
                      # a small budget: short prompts prefilled in groups, longer ones alone in chunks, both paths served
-                     "--prefill-budget", str(PREFILL_BUDGET), "--spin")
+                     "--prefill-budget", str(PREFILL_BUDGET), "--spin",
+                     "--prefill-hold-ms", "1")  # newcomers beside running rows may wait 1 ms for company
     try:
         yield s
     finally:
         stop_server(s.proc)
 
 
-def test_startup_line_states_the_prefill_budget(server):
-    assert f"prefill budget {PREFILL_BUDGET}," in server.log.read_text()
+def test_startup_line_states_the_prefill_budget_and_hold(server):
+    assert f"prefill budget {PREFILL_BUDGET} (newcomers held up to 1 ms)," in server.log.read_text()
 
 
 @pytest.fixture()

@@ -232,6 +232,8 @@ BAD_OPTIONS = [
     (["--max-batch", "0"], "'--max-batch': 0 is not in the range 1<=x<=256"),
     (["--max-queue", "0"], "'--max-queue': 0 is not in the range 1<=x<=100000"),
     (["--prefill-budget", "0"], "'--prefill-budget': 0 is not in the range 1<=x<=8192"),
+    (["--prefill-hold-ms", "nan"], "'--prefill-hold-ms': nan is not in the range 0<=x<=1000 (milliseconds)"),
+    (["--prefill-hold-ms", "-1"], "'--prefill-hold-ms': -1 is not in the range 0<=x<=1000"),
     (["--threads", "100"], "'--threads': 100 is not in the range 1<=x<="),
     (["--device", "foo"], "'foo' is not one of 'cpu', 'cuda', 'auto'"),
     (["--port", "70000"], "'--port': 70000 is not in the range 0<=x<=65535"),
