@@ -79,9 +79,10 @@ def _listen(host: str, port: int) -> socket.socket:
               help="Prompt positions (padding counted) one prefill run may take between two decode steps: "
                    "newcomers whose prompts fit are prefilled together, a longer prompt in chunks. Smaller: "
                    "running streams stall less; larger: a burst's first tokens come sooner.")
-@click.option("--prefill-hold-ms", default=None, type=Milliseconds(0, 1000),
-              help="Milliseconds newcomers may wait while rows decode, so that several share one prefill run "
-                   "(default: 10 on CUDA, where a run costs about a step whatever it holds; 0 on the CPU).")
+@click.option("--prefill-hold-ms", default=0.0, show_default=True, type=Milliseconds(0, 1000),
+              help="Milliseconds newcomers may wait while rows decode (or until 8 or as many as there are free "
+                   "rows wait), so that several share one prefill run: for a GPU, where a run costs about a decode "
+                   "step whatever it holds, under requests that arrive one by one.")
 @click.option("--prefix-cache-mb", default=PREFIX_CACHE_MB, show_default=True, type=count(0, MAX_PREFIX_CACHE_MB),
               help="MiB of memory for the keys and values of prompt prefixes seen before: a prompt that starts with "
                    "one (a system prompt, a conversation's history) prefills only the rest. Least recently used "
@@ -117,7 +118,7 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--web", default="auto", show_default=True,
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
-def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, prefill_hold_ms: float | None,
+def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, prefill_hold_ms: float,
           prefix_cache_mb: int,
           spin: str, spin_us: int | None, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
@@ -210,7 +211,7 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
 
 
 def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int,
-         prefill: tuple[int, float | None], prefix_cache_mb: int, max_queue: int,
+         prefill: tuple[int, float], prefix_cache_mb: int, max_queue: int,
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
          limits, chat_template: str | None = None) -> None:
     """Listen, start the engine, and serve until a signal stops it."""

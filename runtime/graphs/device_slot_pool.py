@@ -32,9 +32,6 @@ from .. import contract as C
 from .cuda_graph import GraphDecoder
 from .sequence_pool import Prefill, drain, prefill_runs
 
-# The GPU's prefill runs are launch-bound (~3 ms, one prompt or eight): newcomers wait up to this long for company.
-GPU_PREFILL_HOLD_MS = 10.0
-
 
 class DeviceSlotPool:
     def __init__(self, variant, capacity: int, max_length: int, decoder: GraphDecoder,
@@ -64,8 +61,6 @@ class DeviceSlotPool:
         self._inputs: tuple[np.ndarray, ...] = ()
         self.keeps_prompt_logits = True
         self.pads_groups = True  # prefill_group takes `room` (the engine's rows' prompt + new tokens)
-        # newcomers may wait this long while rows run, to share a prefill run (serving/admission.py, holds_newcomers)
-        self.prefill_hold_ms = GPU_PREFILL_HOLD_MS if variant.kv_device == "cuda" else 0.0
         self.prompt_logits: dict[int, np.ndarray] = {}  # seq -> (L, V) float32, from a keep_all prefill
 
     # -- one slot -------------------------------------------------------------------------------------

@@ -62,6 +62,9 @@ def plan_prefill(in_progress: bool, waiting: Iterable[int | tuple[int, int]], ru
 # one a step, as a busy server's are, cost one run each: at 64 clients of 128-token requests, one run every other
 # step. A newcomer may wait while rows run, until HOLD_GROUP newcomers wait, or as many as there are free rows, or
 # the head of the queue has waited hold_s: the runs are fewer and fuller, first tokens come at most hold_s later.
+# Off by default (`serve --prefill-hold-ms`): the load serve_load.py sends (every client's requests in lockstep)
+# arrives in groups already, and on it 0 / 10 / 25 ms gave 12,462 / 12,334 / 13,312 tok/s at 64 clients on an H200
+# (benchmarks/results/gpu-2026-11-27-serve.md), within that load's run-to-run spread.
 HOLD_GROUP = 8  # 8 prompts of 32 tokens fill the default budget (256 positions)
 
 

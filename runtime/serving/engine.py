@@ -58,9 +58,9 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, model: LoadedModel, max_batch: int = 8, max_queue: int = 64,
                  prefill_chunk: int | None = PREFILL_CHUNK, prefix_cache_mb: float = PREFIX_CACHE_MB,
-                 prefill_hold_ms: float | None = None):
+                 prefill_hold_ms: float = 0.0):
         """prefill_hold_ms: how long newcomers may wait while rows run, to share a prefill run (admission.py,
-        holds_newcomers); None: the pool's own figure (the GPU's; 0 elsewhere, where a run costs what it holds)."""
+        holds_newcomers); 0: never held."""
         if not isinstance(model, LoadedModel):
             raise TypeError(f"Engine() takes a loaded model (gptedge.runtime.load(DIR)), got {type(model).__name__}")
         max_batch, max_queue = check_int(max_batch, "max_batch", 1), check_int(max_queue, "max_queue", 0)
@@ -69,7 +69,7 @@ class Engine:
         self.model, self.max_batch, self.max_queue, self.prefill_chunk = model, max_batch, max_queue, prefill_chunk
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
-        hold = getattr(self.pool, "prefill_hold_ms", 0.0) if prefill_hold_ms is None else prefill_hold_ms
+        hold = prefill_hold_ms
         if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold < float("inf"):
             raise InvalidArgumentError(f"prefill_hold_ms must be a number >= 0, got {hold!r}")
         self.prefill_hold_s = hold / 1000
@@ -342,7 +342,7 @@ class Engine:
         return (self._ahead is not None and self.prefix is None and self._prefilling is None
                 and (not self._waiting or self._holding())
                 and all(tok is not None for _, tok in selected)
-                and not any(a.cancelled.is_set() for a in self._running) and self._ahead.can_launch())
+                and not any(a.cancelled.is_set() for a in self._running) and self._ahead.can_launch(len(self._running)))
 
     def _step_now(self) -> list[tuple[np.ndarray | None, int | None]]:
         """One step of the running rows -> per row (its logits (V,), None) to select from, or (None, the token

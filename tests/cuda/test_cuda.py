@@ -143,7 +143,9 @@ def test_the_engine_on_cuda_serves_from_device_slots_as_generate(dirs):
     model = load(dirs["fp16-kv_buffer"], device="cuda")
     prompts = [model.encode(p) for p in PROMPTS] * 3
     solo = [model.generate(p, 16, greedy=True, ignore_eos=True).ids for p in prompts]
-    engine = Engine(model, max_batch=4, max_queue=16, prefill_chunk=8).start()
+    engine = Engine(model, max_batch=4, max_queue=16, prefill_chunk=8)
+    engine._ahead.min_rows = 1  # steps run ahead from one row (MIN_ROWS is 16): that path checked on the GPU too
+    engine.start()
     assert isinstance(engine.pool, DeviceSlotPool)
     got = [Collector() for _ in prompts]
     for p, c in zip(prompts, got, strict=True):

@@ -38,6 +38,13 @@ def served(gpt2_kv_buffer_loaded):
     return model
 
 
+def _engine(model, **kw) -> Engine:
+    """An engine over the served model's pool that steps ahead from one row (MIN_ROWS is for a GPU's batches)."""
+    engine = Engine(model, **kw)
+    engine._ahead.min_rows = 1
+    return engine
+
+
 def _greedy(model, n: int) -> list[CompletionRequest]:
     """n greedy requests of varied prompts, lengths and stop strings (they end on different steps)."""
     return [CompletionRequest(r.prompt_ids, r.max_new_tokens, sampling=GREEDY, stop=r.stop)
@@ -62,7 +69,7 @@ def _slow_steps(pool, delay_s: float, during: list[int]):
 def test_steps_run_ahead_give_generates_tokens_and_free_every_slot(served):
     requests = _greedy(served, 9)
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, greedy=True) for r in requests]
-    engine = Engine(served, max_batch=4, max_queue=16, prefill_chunk=None)
+    engine = _engine(served, max_batch=4, max_queue=16, prefill_chunk=None)
     got = [Collector() for _ in requests]
     for r, c in zip(requests, got, strict=True):
         engine.submit(r, c)
@@ -82,7 +89,7 @@ def test_a_row_that_ends_while_a_step_is_out_keeps_its_slot_until_the_step_is_ba
     requests = [CompletionRequest(r.prompt_ids, 3 + 2 * i, sampling=GREEDY, ignore_eos=True)
                 for i, r in enumerate(_greedy(served, 4))]
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True) for r in requests]
-    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
+    engine = _engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
     pool = served.pools[0]
     during, removed_while_out = [0], []
     _slow_steps(pool, 0.02, during)
@@ -103,7 +110,7 @@ def test_a_row_that_ends_while_a_step_is_out_keeps_its_slot_until_the_step_is_ba
 def test_a_cancelled_row_ends_the_steps_ahead_and_the_others_go_on(served):
     requests = [CompletionRequest(r.prompt_ids, 24, sampling=GREEDY, ignore_eos=True) for r in _greedy(served, 3)]
     solo = [served.generate(list(r.prompt_ids), 24, greedy=True, ignore_eos=True) for r in requests]
-    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
+    engine = _engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
     got, handles = [Collector() for _ in requests], []
 
     def cancelling(event):  # the middle request cancels itself at its fourth token
@@ -124,7 +131,7 @@ def test_a_cancelled_row_ends_the_steps_ahead_and_the_others_go_on(served):
 
 def test_a_step_that_fails_ahead_fails_its_rows_and_the_engine_serves_on(served):
     requests = [CompletionRequest(r.prompt_ids, 20, sampling=GREEDY, ignore_eos=True) for r in _greedy(served, 2)]
-    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
+    engine = _engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
     pool = served.pools[0]
     step, calls = pool.step_picked, []
 
@@ -180,7 +187,7 @@ def test_newcomers_held_back_share_one_prefill_run_while_a_row_decodes(served):
     assert len(first.prompt_ids) + 60 <= ctx
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True)
             for r in [first, *later]]
-    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None, prefill_hold_ms=150)
+    engine = _engine(served, max_batch=4, max_queue=8, prefill_chunk=None, prefill_hold_ms=150)
     pool = served.pools[0]
     _slow_steps(pool, 0.005, [0])  # ~5 ms a step: the first row runs for ~300 ms
     groups = []
@@ -203,4 +210,21 @@ def test_newcomers_held_back_share_one_prefill_run_while_a_row_decodes(served):
     assert [len(g) for g in groups] == [1, 3]  # the first alone, then the three newcomers in one run
     assert len(got[0].events) > events_before  # the running row was not held
     assert max(waiting_at_launch) >= 1  # and its steps ran ahead while newcomers were held
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+
+
+def test_a_batch_under_min_rows_steps_in_turn(served):
+    """Below StepAhead.min_rows (16 by default) the two thread hand-overs cost more than the overlap saves: the
+    engine steps in turn, with the same tokens."""
+    requests = _greedy(served, 4)
+    solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, greedy=True) for r in requests]
+    engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
+    assert engine._ahead.min_rows == 16
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    engine.start()
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert engine._ahead.launched == 0
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
