@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gptedge.runtime.errors import InvalidArgumentError
@@ -147,6 +147,7 @@ def test_ids_round_trip(tokenizer, text):
 def test_any_byte_split_streams_to_the_whole_decode(tokenizer, byte_ids, text, data):
     """The text's bytes cut anywhere (one token per piece, pieces of any length encoded as bytes) stream
     to exactly the text, and no piece ever holds half a character."""
+    assume("\ufffd" not in text)  # a text's own U+FFFD would read as half a character below
     raw = text.encode("utf-8")
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(raw) - 1)), max_size=len(raw))))
     ids = []
