@@ -25,7 +25,8 @@ def _load_benchmark():
 
 
 sl = _load_benchmark()
-sr = sys.modules["serve_report"]  # its report half, imported by serve_load from beside it
+sp = importlib.import_module("serve_peer")  # its llama-server half, beside it (serve_load put the folder on the path)
+sr = sys.modules["serve_report"]  # the report half, imported by serve_peer
 
 SHAPE = ModelShape("gpt2", 2, 2, 4, 64, 32)
 
@@ -203,12 +204,12 @@ def test_the_report_holds_the_header_table_targets_and_is_written_atomically(tmp
 
 
 def test_a_missing_server_binary_says_how_to_build_it(monkeypatch, tmp_path):
-    monkeypatch.delenv(sl.SERVER_ENV, raising=False)
+    monkeypatch.delenv(sp.SERVER_ENV, raising=False)
     with pytest.raises(SystemExit, match=r"cmake -S SDIST/vendor/llama.cpp .* --target llama-server"):
-        sl.llama_server_binary()
-    monkeypatch.setenv(sl.SERVER_ENV, str(tmp_path / "nowhere"))
+        sp.llama_server_binary()
+    monkeypatch.setenv(sp.SERVER_ENV, str(tmp_path / "nowhere"))
     with pytest.raises(SystemExit, match="is not an executable file"):
-        sl.llama_server_binary()
+        sp.llama_server_binary()
 
 
 def test_the_checkpoint_work_dir_follows_its_files_and_other_weights_are_refused(tmp_path):
@@ -216,29 +217,29 @@ def test_the_checkpoint_work_dir_follows_its_files_and_other_weights_are_refused
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
     (ckpt / "model.safetensors").write_bytes(b"weights")
-    digest = sl.sha256_file(ckpt / "model.safetensors")
+    digest = sp.sha256_file(ckpt / "model.safetensors")
     fp32 = Source(path=str(ckpt), weights="model.safetensors", sha256=digest)
     quantized = Manifest(SHAPE, precision="int8", quantization=Quantization(method="dynamic"),
                          source=Source(quantized_from="/d/fp32", fp32_source=fp32))
-    work = sl.checkpoint_work(ckpt, {"/d/dyn": quantized}, tmp_path / "work")
+    work = sp.checkpoint_work(ckpt, {"/d/dyn": quantized}, tmp_path / "work")
     assert work.parent == tmp_path / "work" and work.name.startswith("ckpt-")
     (ckpt / "model.safetensors").write_bytes(b"other weights")
     with pytest.raises(SystemExit, match="is not the file /d/dyn was exported from"):
-        sl.checkpoint_work(ckpt, {"/d/dyn": quantized}, tmp_path / "work")
-    assert sl.checkpoint_work(ckpt, {}, tmp_path / "work") != work  # rewritten: converted afresh
+        sp.checkpoint_work(ckpt, {"/d/dyn": quantized}, tmp_path / "work")
+    assert sp.checkpoint_work(ckpt, {}, tmp_path / "work") != work  # rewritten: converted afresh
 
 
 def test_existing_ggufs_are_reused_without_llama_cpp(tmp_path):
     for name in ("model-f32.gguf", "model-Q8_0.gguf"):
         (tmp_path / name).write_bytes(b"GGUF")
-    assert sl.peer_gguf(tmp_path / "ckpt", "Q8_0", tmp_path, 2) == tmp_path / "model-Q8_0.gguf"
-    assert sl.peer_gguf(tmp_path / "ckpt", "F32", tmp_path, 2) == tmp_path / "model-f32.gguf"
+    assert sp.peer_gguf(tmp_path / "ckpt", "Q8_0", tmp_path, 2) == tmp_path / "model-Q8_0.gguf"
+    assert sp.peer_gguf(tmp_path / "ckpt", "F32", tmp_path, 2) == tmp_path / "model-f32.gguf"
 
 
 def test_llama_server_gets_the_issues_command_line():
     class Args:
         threads, max_batch, peer_args = 2, 16, ["--cache-ram", "0"]
-    assert sl.llama_server_command("/b/llama-server", "/w/m.gguf", Args, 1024, 8080) == [
+    assert sp.llama_server_command("/b/llama-server", "/w/m.gguf", Args, 1024, 8080) == [
         "/b/llama-server", "-m", "/w/m.gguf", "-t", "2", "-tb", "2", "-np", "16", "-c", "16384",
         "--host", "127.0.0.1", "--port", "8080", "--cache-ram", "0"]
 
