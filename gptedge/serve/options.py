@@ -40,7 +40,7 @@ class Seconds(click.ParamType):
         try:
             seconds = float(value)
         except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+            self.fail(f"{value!r} is not a number of {self.name}", param, ctx)
         if not (math.isfinite(seconds) and self.low <= seconds <= self.high):
             self.fail(f"{value} is not in the range {self.low:g}<=x<={self.high:g} ({self.name})", param, ctx)
         return seconds

@@ -82,7 +82,8 @@ class TextStream:
         checks every prefix against decode() on each kind of tokenizer)."""
         if self._bytes is not None:  # one token's bytes; an incomplete character decodes as decode() gives it, U+FFFD
             self._text += self._utf8.decode(self._bytes(int(self.ids[-1])))
-            return self._text + REPLACEMENT if self._utf8.getstate()[0] else self._text
+            held = self._utf8.getstate()[0]  # bytes of a character not complete yet (or not yet known invalid)
+            return self._text + held.decode("utf-8", "replace") if held else self._text
         whole = decode(self.tokenizer, self.ids[self._window:])
         if not whole.startswith(self._window_text):
             return decode(self.tokenizer, self.ids)

@@ -315,6 +315,7 @@ class Engine:
     def _decode_step(self) -> None:
         if self._ahead is not None and self._ahead.out:  # run ahead over exactly these rows (and the leavers)
             picked = self._ahead.take()
+            self._drop_cancelled()  # cancelled while their tokens were emitted: no token after a cancel
             selected = [(None, picked[a.seq]) for a in self._running]
         else:
             selected = self._step_now()
@@ -337,10 +338,10 @@ class Engine:
 
     def _steps_ahead(self, selected: list[tuple[np.ndarray | None, int | None]]) -> bool:
         """Whether the next step may run before these tokens are emitted (step_ahead.py): every row picked on the
-        device and not cancelled, nobody due to prefill or prefilling in chunks (they come first), no prefix cache
+        device and not cancelled, nobody due to prefill (held, or no free row) or prefilling in chunks, no prefix cache
         reading rows, room for one more position in each."""
         return (self._ahead is not None and self.prefix is None and self._prefilling is None
-                and (not self._waiting or self._holding())
+                and (not self._waiting or self._holding() or len(self._running) >= self.max_batch)
                 and all(tok is not None for _, tok in selected)
                 and not any(a.cancelled.is_set() for a in self._running) and self._ahead.can_launch(len(self._running)))
 

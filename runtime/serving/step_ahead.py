@@ -15,7 +15,8 @@ the step before anything else happens on its thread.
 
 The worker needs the GIL back twice a step (after the decode run, after the pick), while the engine thread and the
 HTTP layer's event loop run Python: at CPython's default switch interval (5 ms) a thread can wait that long for it,
-longer than the step. The interval is lowered to SWITCH_INTERVAL_S for the process while an engine steps ahead: on
+longer than the step. The interval is lowered to SWITCH_INTERVAL_S for the process from an engine's first step run
+ahead until it closes: on
 an H200 at 64 clients, 13,863 tok/s against 11,611 at 5 ms (benchmarks/results/gpu-2026-11-27-serve.md, round 4).
 """
 
@@ -48,10 +49,7 @@ class StepAhead:
         self._out: tuple[list[int], Future] | None = None  # the seqs stepped, in order, and the step's future
         self._leaving: list[int] = []  # rows that ended while the step was out: their slots are freed after it
         self.launched = 0  # steps run ahead so far (a figure for tests and metrics)
-        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
-            log.info("stepping ahead: the GIL's switch interval %.4f s -> %.4f s", sys.getswitchinterval(),
-                     SWITCH_INTERVAL_S)
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._switch_before: float | None = None  # the process's GIL switch interval before the first launch
 
     @property
     def out(self) -> bool:
@@ -67,6 +65,11 @@ class StepAhead:
         """Step every joined sequence (seqs, each fed its token in tokens (n,) int64), greedy picks only."""
         if self._out is not None:
             raise RuntimeError("a step is already out")
+        if self._switch_before is None and sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            self._switch_before = sys.getswitchinterval()
+            log.info("stepping ahead: the GIL's switch interval %.4f s -> %.4f s", self._switch_before,
+                     SWITCH_INTERVAL_S)
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         seqs = list(seqs)
         self._out = (seqs, self._worker.submit(self._pool.step_picked, seqs, tokens, [False] * len(seqs)))
         self.launched += 1
@@ -102,6 +105,8 @@ class StepAhead:
     def close(self) -> None:
         self.settle()
         self._worker.shutdown(wait=True)
+        if self._switch_before is not None and sys.getswitchinterval() == SWITCH_INTERVAL_S:
+            sys.setswitchinterval(self._switch_before)  # as it was, unless someone else changed it since
 
     def _free_leavers(self) -> None:
         leaving, self._leaving = self._leaving, []

@@ -124,6 +124,7 @@ def test_a_cancelled_row_ends_the_steps_ahead_and_the_others_go_on(served):
     assert all(c.finished() for c in got)
     engine.stop(grace_s=1)
     assert got[1].last.finish_reason == FinishReason.CANCELLED and len(got[1].events) < 24
+    assert len(got[1].events) == 5  # after the cancel only its end, though a step was out over its row then
     assert [got[i].last.generation.ids for i in (0, 2)] == [solo[i].ids for i in (0, 2)]
     assert engine._ahead.launched > 10  # before the cancel and after it
     assert sorted(served.pools[0]._free) == list(range(4))
@@ -228,3 +229,45 @@ def test_a_batch_under_min_rows_steps_in_turn(served):
     engine.stop(grace_s=1)
     assert engine._ahead.launched == 0
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+
+
+def test_a_full_batch_steps_ahead_while_requests_wait_for_a_row(served):
+    """Nobody can be admitted while every row runs: queued requests do not stop the steps running ahead."""
+    requests = [CompletionRequest(r.prompt_ids, 10 + 3 * i, sampling=GREEDY, ignore_eos=True)
+                for i, r in enumerate(_greedy(served, 5))]
+    solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, greedy=True, ignore_eos=True) for r in requests]
+    engine = _engine(served, max_batch=2, max_queue=8, prefill_chunk=None)
+    waiting_at_launch = []
+    launch = engine._ahead.launch
+    engine._ahead.launch = lambda *a: (waiting_at_launch.append(len(engine._waiting)), launch(*a))[1]
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    engine.start()
+    assert all(c.finished() for c in got)
+    engine.stop(grace_s=1)
+    assert max(waiting_at_launch) >= 1
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+    assert sorted(served.pools[0]._free) == [0, 1]
+
+
+def test_stop_with_a_step_out_cancels_the_rows_and_frees_every_slot(served):
+    import sys
+
+    before = sys.getswitchinterval()
+    requests = [CompletionRequest(r.prompt_ids, 40, sampling=GREEDY, ignore_eos=True) for r in _greedy(served, 3)]
+    engine = _engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
+    pool = served.pools[0]
+    _slow_steps(pool, 0.01, [0])
+    got = [Collector() for _ in requests]
+    for r, c in zip(requests, got, strict=True):
+        engine.submit(r, c)
+    engine.start()
+    while engine._ahead.launched < 3:
+        time.sleep(0.002)
+    assert sys.getswitchinterval() <= before  # lowered while it steps ahead
+    engine.stop(grace_s=0)
+    assert all(c.finished(timeout=5) for c in got)
+    assert [c.last.finish_reason for c in got] == [FinishReason.CANCELLED] * 3
+    assert sorted(pool._free) == list(range(4)) and not pool._joined
+    assert sys.getswitchinterval() == before  # and put back when it closed
