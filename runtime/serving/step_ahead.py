@@ -105,8 +105,9 @@ class StepAhead:
     def close(self) -> None:
         self.settle()
         self._worker.shutdown(wait=True)
-        if self._switch_before is not None and sys.getswitchinterval() == SWITCH_INTERVAL_S:
-            sys.setswitchinterval(self._switch_before)  # as it was, unless someone else changed it since
+        # unless someone changed it since (CPython keeps it in microseconds: 0.0002 reads back as 0.000199...)
+        if self._switch_before is not None and abs(sys.getswitchinterval() - SWITCH_INTERVAL_S) < 1e-6:
+            sys.setswitchinterval(self._switch_before)  # as it was
 
     def _free_leavers(self) -> None:
         leaving, self._leaving = self._leaving, []
