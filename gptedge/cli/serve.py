@@ -153,9 +153,9 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
     chat = template if template is not None else find_chat_template(model)  # what /v1/chat/completions renders
     with page.web_model(Path(model), loaded.manifest, web, chat) as (web_dir, unavailable):  # a temporary pack
         routes = page.playground_routes(page.Playground(name, bool(api_key), web_dir, unavailable, chat is not None))
-        _run(uvicorn, app, loaded, model, name, host, port, max_batch, (prefill_budget, prefill_hold_ms),
-             prefix_cache_mb, max_queue, max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable,
-             limits, template)
+        _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, prefix_cache_mb, max_queue,
+             max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable, limits, template,
+             prefill_hold_ms)
 
 
 def _read_chat_template(path: Path) -> str:
@@ -210,17 +210,16 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
     diag("server stopped")
 
 
-def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int,
-         prefill: tuple[int, float], prefix_cache_mb: int, max_queue: int,
+def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, prefill_budget: int,
+         prefix_cache_mb: int, max_queue: int,
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
-         limits, chat_template: str | None = None) -> None:
+         limits, chat_template: str | None = None, prefill_hold_ms: float = 0.0) -> None:
     """Listen, start the engine, and serve until a signal stops it."""
     from gptedge.runtime.serving.engine import Engine  # deferred: numpy, not needed at --help
 
     sock = _listen(host, port)
-    prefill_budget, hold_ms = prefill  # positions a prefill run may take; how long newcomers may wait to share one
     engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget,
-                    prefix_cache_mb=prefix_cache_mb, prefill_hold_ms=hold_ms).start()
+                    prefix_cache_mb=prefix_cache_mb, prefill_hold_ms=prefill_hold_ms).start()
     state = app.ServeState(app.Generating(engine, loaded, max_tokens, chat_template), name, api_key or None,
                            limits=limits)
     diag(f"loaded {model} ({loaded.manifest.precision}) in {loaded.load_s:.2f}s on {', '.join(loaded.providers)}")

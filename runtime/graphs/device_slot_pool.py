@@ -245,8 +245,9 @@ class DeviceSlotPool:
 
     def room_to_step(self) -> bool:
         """Every joined row has room for one more position (what a step writes), so a step may run before the
-        engine has read the last one's tokens (serving/step_ahead.py)."""
-        return all(self._held[self._slot[s]] + 1 <= self.max_length for s in self._joined)
+        engine has read the last one's tokens (serving/step_ahead.py). Free and prefilling slots hold fewer positions
+        than the cache (a prompt leaves room), so all slots are checked at once, not one joined row at a time."""
+        return bool((self._held < self.max_length).all())
 
     def remove(self, seq: int) -> None:
         self.prompt_logits.pop(seq, None)

@@ -69,10 +69,10 @@ class Engine:
         self.model, self.max_batch, self.max_queue, self.prefill_chunk = model, max_batch, max_queue, prefill_chunk
         shape = model.manifest.shape
         self.pool = pool_for(model.variant, max_batch, shape.context_length)
-        hold = prefill_hold_ms
-        if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold < float("inf"):
-            raise InvalidArgumentError(f"prefill_hold_ms must be a number >= 0, got {hold!r}")
-        self.prefill_hold_s = hold / 1000
+        if (isinstance(prefill_hold_ms, bool) or not isinstance(prefill_hold_ms, (int, float))
+                or not 0 <= prefill_hold_ms < float("inf")):
+            raise InvalidArgumentError(f"prefill_hold_ms must be a number >= 0, got {prefill_hold_ms!r}")
+        self.prefill_hold_s = prefill_hold_ms / 1000
         self._picks = hasattr(self.pool, "step_picked")  # the GPU's pool: greedy rows picked on the device
         # ... and the next step run while this one's tokens are emitted, when every row was picked there
         self._ahead = StepAhead(self.pool) if self._picks else None

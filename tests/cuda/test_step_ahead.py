@@ -16,7 +16,7 @@ from gptedge.runtime.graphs.sequence_pool import drain
 from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason
 
 from ..support.engine import Collector, staggered_requests
-from .test_device_slot_pool import _device_pool
+from .test_device_slot_pool import _device_pool, _served
 
 pytestmark = pytest.mark.slow  # the GPU slot pool built and run on the CPU against the engine
 
@@ -70,12 +70,7 @@ def test_steps_run_ahead_give_generates_tokens_and_free_every_slot(served):
     requests = _greedy(served, 9)
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, greedy=True) for r in requests]
     engine = _engine(served, max_batch=4, max_queue=16, prefill_chunk=None)
-    got = [Collector() for _ in requests]
-    for r, c in zip(requests, got, strict=True):
-        engine.submit(r, c)
-    engine.start()
-    assert all(c.finished() for c in got)
-    engine.stop(grace_s=1)
+    got = _served(engine, requests)
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
     assert [c.last.generation.text for c in got] == [w.text for w in solo]
     assert engine._ahead.launched > 5  # most steps ran ahead once the queue was empty
@@ -95,12 +90,7 @@ def test_a_row_that_ends_while_a_step_is_out_keeps_its_slot_until_the_step_is_ba
     _slow_steps(pool, 0.02, during)
     remove = pool.remove
     pool.remove = lambda seq: (removed_while_out.append(seq) if during[0] else None, remove(seq))[1]
-    got = [Collector() for _ in requests]
-    for r, c in zip(requests, got, strict=True):
-        engine.submit(r, c)
-    engine.start()
-    assert all(c.finished() for c in got)
-    engine.stop(grace_s=1)
+    got = _served(engine, requests)
     assert engine._ahead.launched > 3
     assert removed_while_out == []
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
@@ -221,12 +211,7 @@ def test_a_batch_under_min_rows_steps_in_turn(served):
     solo = [served.generate(list(r.prompt_ids), r.max_new_tokens, stop=r.stop, greedy=True) for r in requests]
     engine = Engine(served, max_batch=4, max_queue=8, prefill_chunk=None)
     assert engine._ahead.min_rows == 16
-    got = [Collector() for _ in requests]
-    for r, c in zip(requests, got, strict=True):
-        engine.submit(r, c)
-    engine.start()
-    assert all(c.finished() for c in got)
-    engine.stop(grace_s=1)
+    got = _served(engine, requests)
     assert engine._ahead.launched == 0
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
 
@@ -240,12 +225,7 @@ def test_a_full_batch_steps_ahead_while_requests_wait_for_a_row(served):
     waiting_at_launch = []
     launch = engine._ahead.launch
     engine._ahead.launch = lambda *a: (waiting_at_launch.append(len(engine._waiting)), launch(*a))[1]
-    got = [Collector() for _ in requests]
-    for r, c in zip(requests, got, strict=True):
-        engine.submit(r, c)
-    engine.start()
-    assert all(c.finished() for c in got)
-    engine.stop(grace_s=1)
+    got = _served(engine, requests)
     assert max(waiting_at_launch) >= 1
     assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
     assert sorted(served.pools[0]._free) == [0, 1]
