@@ -5,15 +5,20 @@ Two attention writers, one per graph variant, called per layer as graph_attentio
 - RotaryPlainAttention (standard graph): plain ONNX ops, the reference's computation. q and k rotated
   with the cos/sin rows of position_ids, the cache concatenated, kv heads repeated for their query
   heads (grouped-query attention), masked scores replaced, softmax, PV.
-- RotaryGroupQueryAttention (kv_buffer graph): ONNX Runtime's RotaryEmbedding on q and k, then
-  GroupQueryAttention with kv_num_heads < num_heads over the shared buffer. Rotary is applied OUTSIDE
-  GroupQueryAttention, on purpose: its own rotary (do_rotary=1) takes each row's position from the
-  buffer index on a first prompt (ONNX Runtime 1.32 reads only the first element of position_ids
-  there), while a left-padded row's own position is cumsum(mask) - 1. The attention scores would
-  survive that shift (rotary is relative), but the cached keys would not: decode steps, which do honour
-  position_ids, would then rotate new keys on another scale than the cached ones, and the continuous
-  batch (runtime SlotPool) moves rows along the buffer, changing every row's offset. With position_ids
-  from the caller the cache holds what the reference's does, byte for byte comparable (rung 3).
+- RotaryGroupQueryAttention (kv_buffer graph): GroupQueryAttention with kv_num_heads < num_heads over the
+  shared buffer, q and k rotated at the caller's position_ids (each row's own position, cumsum(mask) - 1 for a
+  left-padded row), so the cache holds what the reference's does, byte for byte comparable (rung 3), and a
+  row's cached keys stay right wherever a pool copies them. Two forms, one computation:
+  * inside (`rotary_inside`): the packed q | k | v projection straight into GroupQueryAttention with
+    do_rotary=1, position_ids and query_seqlens (ONNX Runtime >= 1.32). Without query_seqlens the op rotates a
+    first prompt at position_ids[0, 0] + s for every row, not at each row's own positions (measured on 1.32);
+    with it every row's position_ids are honoured, the prompt's included. query_seqlens = min(S, seqlens_k + 1)
+    is the op's own default, so it changes nothing else. One node a layer instead of Split + two
+    RotaryEmbedding + the attention: 1.06-1.12x a decode step on the SmolLM2-135M shape (docs/design.md#the-
+    onnx-io-contract). The op's rotary wants head_size and rotary_dim multiples of 16.
+  * outside: RotaryEmbedding on q and k, then the attention, for every other graph (older ONNX Runtime, other
+    head sizes), and what quantize's fp16 targets rewrite an inside graph back to (quantize/rotary_form.py:
+    the CUDA provider's attention is checked in that form).
 
 Projection weights are stored [in, out] (the MatMul's layout; transformers' Linear stores [out, in]).
 A family names its projections through `packed_qkv` / `output`: one packed q | k | v linear (Llama's q_proj,
@@ -22,10 +27,12 @@ k_proj, v_proj concatenated at export: `h.N.self_attn.qkv_proj`) split after the
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import ClassVar
 
 import numpy as np
+from onnx import TensorProto
 
 from gptedge.runtime import contract as C
 
@@ -34,6 +41,27 @@ from .config import GPTConfig
 from .graph_attention import AttentionWriter, GroupQueryAttention
 from .graph_writer import FLOAT_MIN, MS_DOMAIN, GraphWriter
 from .rotary import inv_freq, tables
+
+# GroupQueryAttention's optional inputs by index (its com.microsoft schema)
+GQA_COS, GQA_SIN, GQA_POSITION_IDS, GQA_BIAS, GQA_QUERY_SEQLENS = 7, 8, 9, 10, 16
+
+
+@functools.cache
+def gqa_takes_query_seqlens() -> bool:
+    """Whether the installed ONNX Runtime's GroupQueryAttention has the query_seqlens input (1.32 and later)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+        schemas = ort_state.get_all_operator_schema()
+    except (ImportError, AttributeError):  # no onnxruntime, or a build without its schemas
+        return False
+    return any(s.name == "GroupQueryAttention" and len(s.inputs) > GQA_QUERY_SEQLENS for s in schemas)
+
+
+def rotary_inside(cfg: GPTConfig) -> bool:
+    """The kv_buffer graph rotates inside GroupQueryAttention (module docstring): the installed ONNX Runtime takes
+    query_seqlens, and the op's rotary takes this head (head_size % 16, cos_cache's width rotary_dim / 2 % 8)."""
+    return cfg.head_dim % 16 == 0 and cfg.rotary_dim % 16 == 0 and gqa_takes_query_seqlens()
 
 
 def dense(g: GraphWriter, x: str, w: Weights, prefix: str) -> str:
@@ -165,7 +193,7 @@ class RotaryPlainAttention(_Rotary, AttentionWriter):
 
 class RotaryGroupQueryAttention(_Rotary, GroupQueryAttention):
     """GroupQueryAttention's buffer, timeline and padding bias (graph_attention.py) with kv_num_heads = the
-    config's kv_heads, q and k rotated before it by RotaryEmbedding at the caller's position_ids (see above)."""
+    config's kv_heads, q and k rotated at the caller's position_ids, inside the op or before it (see above)."""
 
     graphs: ClassVar[frozenset[str]] = frozenset({C.GRAPH_KV_BUFFER})
     contrib = True
@@ -173,6 +201,8 @@ class RotaryGroupQueryAttention(_Rotary, GroupQueryAttention):
     def __init__(self, g: GraphWriter, cfg: GPTConfig, allowed: str):
         super().__init__(g, cfg, allowed)
         self._rotary_setup(g, cfg)
+        self.inside = rotary_inside(cfg)
+        self._query_seqlens: str | None = None
 
     def _rotate(self, t: str, heads: int, name: str) -> str:
         g = self.g
@@ -181,13 +211,32 @@ class RotaryGroupQueryAttention(_Rotary, GroupQueryAttention):
         return g.one("RotaryEmbedding", [t, C.POSITION_IDS, self.cos_cache, self.sin_cache], name=name,
                      domain=MS_DOMAIN, interleaved=0, **partial)
 
+    def query_seqlens(self, x: str) -> str:
+        """(B,) int32 min(S, seqlens_k + 1), written once for every layer: the op's default for the input, given
+        so that a prompt's rows are rotated at their own position_ids. x: (B, S, C)."""
+        if self._query_seqlens is None:
+            g = self.g
+            s = g.one("Cast", [g.one("Shape", [x], start=1, end=2)], to=TensorProto.INT32)  # [S]
+            held = g.one("Add", [self.seqlens_k, g.constant(np.array([1], np.int32))])  # (B,) T
+            self._query_seqlens = g.one("Min", [held, s], name="gqa.query_seqlens")
+        return self._query_seqlens
+
     def __call__(self, x: str, w: Weights, i: int) -> str:
         g, p = self.g, f"h.{i}.attn"
+        heads = dict(num_heads=self.n_head, kv_num_heads=self.n_kv)
+        outputs = [f"{p}.out", C.present_key(i), C.present_value(i)]
+        if self.inside:
+            packed = dense(g, x, self.packed_qkv(w, i), self.qkv_name(i))  # (B, S, (nh + 2 nkv) hs)
+            inputs = [packed, "", "", C.past_key(i), C.past_value(i), self.seqlens_k, self.total] + [""] * 10
+            inputs[GQA_COS], inputs[GQA_SIN], inputs[GQA_POSITION_IDS] = self.cos_cache, self.sin_cache, C.POSITION_IDS
+            inputs[GQA_BIAS], inputs[GQA_QUERY_SEQLENS] = self.bias, self.query_seqlens(x)
+            y = g.op("GroupQueryAttention", inputs, outputs=outputs, name=f"{p}.gqa", domain=MS_DOMAIN,
+                     do_rotary=1, rotary_interleaved=0, **heads)[0]  # (B, S, nh * hs)
+            return self.output(g, y, w, i)
         q, k, v = self.project(g, x, w, i)
         q = self._rotate(q, self.n_head, f"{p}.rotary_q")
         k = self._rotate(k, self.n_kv, f"{p}.rotary_k")
         y = g.op("GroupQueryAttention", [q, k, v, C.past_key(i), C.past_value(i), self.seqlens_k, self.total,
                                          "", "", "", self.bias],
-                 outputs=[f"{p}.out", C.present_key(i), C.present_value(i)], name=f"{p}.gqa", domain=MS_DOMAIN,
-                 num_heads=self.n_head, kv_num_heads=self.n_kv)[0]  # (B, S, nh * hs)
+                 outputs=outputs, name=f"{p}.gqa", domain=MS_DOMAIN, **heads)[0]  # (B, S, nh * hs)
         return self.output(g, y, w, i)

@@ -31,6 +31,7 @@ from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 from gptedge.runtime.modeldir.onnx_wire import is_ort_format
 
 from . import kv_cache as kv
+from .rotary_form import rotary_outside
 from .base import Method, Quantized, QuantizeJob
 from .methods import method
 
@@ -157,6 +158,8 @@ def _rewrite_and_save(m: Method | None, job: QuantizeJob, path: Path, cache: kv.
     job.work_dir.mkdir()
     model = m.apply(job) if m is not None else None
     graph = model.model if model is not None else job.model
+    if job.recipe is not None and job.recipe.half_precision:  # for the CUDA provider: the form checked there
+        rotary_outside(graph, job.manifest.shape.head_dim)
     if cache.name != kv.DEFAULT_KV_CACHE:
         kv.rewrite_kv_cache(graph, cache, job.manifest.shape.head_dim, scales)
     shutil.rmtree(job.work_dir)

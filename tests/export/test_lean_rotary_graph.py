@@ -32,6 +32,10 @@ def _linears(model: onnx.ModelProto) -> list[str]:
     return [n.input[1] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
 
 
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
 def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
     return numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == name))
 
@@ -48,7 +52,11 @@ def test_llama_blocks_are_packed_and_fused(tmp_path, graph):
         assert ops["SkipSimplifiedLayerNormalization"] == 2 * n_layer - 1
         assert ops["SimplifiedLayerNormalization"] == 2  # h.0's input norm and ln_f
         assert not ops["Pow"] and not ops["Sqrt"] and not ops["ReduceMean"]
-        assert ops["RotaryEmbedding"] == 2 * n_layer and ops["GroupQueryAttention"] == n_layer
+        # the rotary inside the attention: the packed projection straight in, no Split, no RotaryEmbedding
+        assert not ops["RotaryEmbedding"] and not ops["Split"] and ops["GroupQueryAttention"] == n_layer
+        for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+            assert _attrs(node)["do_rotary"] == 1 and list(node.input[1:3]) == ["", ""]
+            assert node.input[9] == "position_ids" and node.input[16] == "gqa.query_seqlens_out"
         assert ops["QuickGelu"] == n_layer and not ops["Sigmoid"]  # SiLU, x sigmoid(1 x)
     else:  # standard ONNX ops only (the web pack's and --plain-ops' graph): six per RMSNorm
         assert all(n.domain in ("", "ai.onnx") for n in model.graph.node)
@@ -76,3 +84,24 @@ def test_neox_query_key_value_is_one_packed_linear(tmp_path):
         np.testing.assert_array_equal(packed[j * heads * head_dim:(j + 1) * heads * head_dim],
                                       rows[:, j].reshape(heads * head_dim, -1))
 
+
+
+@pytest.mark.parametrize("variant,inside", [("neox-partial-wide", True), ("neox-parallel", False),
+                                            ("neox-sequential-tied", False)])
+def test_rotary_goes_inside_the_attention_where_the_op_takes_it(tmp_path, variant, inside):
+    """GroupQueryAttention's own rotary wants cos_cache's width (rotary_dim / 2) a multiple of 8: a head of 32 with
+    16 rotary channels goes inside, 16 with 4 or 8 stays in RotaryEmbedding (the partial form)."""
+    ops = Counter(n.op_type for n in _graph(tmp_path, variant, "kv_buffer").graph.node)
+    assert (ops["RotaryEmbedding"], ops["GroupQueryAttention"]) == ((0, 2) if inside else (4, 2))
+
+
+def test_rotary_stays_outside_where_onnx_runtime_lacks_query_seqlens(tmp_path, monkeypatch):
+    """Without query_seqlens (ONNX Runtime < 1.32) the op rotates a prompt at position_ids[0, 0] + s for every
+    row: a left-padded row would be rotated at another position than its own, so the graph keeps RotaryEmbedding."""
+    from gptedge.export import graph_rotary
+
+    monkeypatch.setattr(graph_rotary, "gqa_takes_query_seqlens", lambda: False)
+    model = _graph(tmp_path, "gqa2-linear", "kv_buffer")
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops["RotaryEmbedding"] == 4 and ops["Split"] == 2
+    assert all("do_rotary" not in _attrs(n) for n in model.graph.node if n.op_type == "GroupQueryAttention")

@@ -3,8 +3,9 @@ ladder: Llama-style (LlamaForCausalLM) and GPT-NeoX (GPTNeoXForCausalLM).
 
 Each variant is its family's transformers config keywords. Norm weights and biases get seeded noise
 (transformers initialises them to 1 and 0, which would hide a norm or a bias applied in the wrong place).
-head_dim is 16: ONNX Runtime's rotary kernels want a multiple of 16. The tokenizer is the kind Llama checkpoints ship:
-BPE over Metaspace pieces with byte fallback, <unk>/<s>/</s> special, a post-processor that puts <s> first.
+head_dim is 16 (32 for one): ONNX Runtime's rotary kernels want a multiple of 16. The tokenizer is the kind Llama
+checkpoints ship: BPE over Metaspace pieces with byte fallback, <unk>/<s>/</s> special, a post-processor
+that puts <s> first.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ VARIANTS = {
                                      mlp_bias=True)),
     "neox-parallel": ("gpt_neox", dict(rotary_pct=0.25)),
     "neox-sequential-tied": ("gpt_neox", dict(rotary_pct=0.5, use_parallel_residual=False, tie_word_embeddings=True)),
+    # head_dim 32, a rotary of 16 channels: partial rotary inside GroupQueryAttention (export/graph_rotary.py)
+    "neox-partial-wide": ("gpt_neox", dict(num_attention_heads=2, rotary_pct=0.5)),
     "neox-whole-rotary-linear": ("gpt_neox", dict(rotary_pct=1.0, rope_scaling={"rope_type": "linear", "factor": 2.0},
                                                   hidden_act="gelu_new")),
     "qwen2-qkv-bias": ("qwen2", dict(num_key_value_heads=2)),  # q/k/v biases, none on o_proj
