@@ -4,7 +4,7 @@ attention (fewer key/value heads than query heads), optional q/k/v/o biases and 
 
 HF config.json (LlamaConfig) -> LlamaConfig below, refusing what the reference does not implement by name;
 weight names (transformers' own under `model.`, layers as our `h.`); the reference block; its ONNX graph
-(graph_rotary.py: plain ops on the standard graph, RotaryEmbedding + GroupQueryAttention and RMSNorms as ONNX
+(graph_rotary.py: plain ops on the standard graph, GroupQueryAttention rotating q and k and RMSNorms as ONNX
 Runtime's (Skip)SimplifiedLayerNormalization and SiLU as its QuickGelu on kv_buffer; one packed q | k | v projection
 on both).
 See base.py for what a family module supplies.

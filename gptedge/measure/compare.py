@@ -154,15 +154,20 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
                     kl=float(kl[i] / count), greedy_agreement=greedy_agree,
                     tokens_per_s=float(np.mean([o.tokens_per_s for o in outs])))
 
+    # Every row's tok/s is timed the same way: one untimed warm-up run, then the timed prompts. Without it the first
+    # row (the reference, timed right after the windows' pass) read 13-15 % below a dir computing the same function
+    # timed later in the run (SmolLM2 shape, 896 + 128, three runs), where interleaved runs of the two put them level.
+    warm_up = min(8, new_tokens)
     for i, m in enumerate(models):
-        outs = ref_out if i == 0 else [m.generate(p, max_new_tokens=new_tokens, greedy=True, with_text=False)
-                                       for p in greedy]
+        m.generate(greedy[0], max_new_tokens=warm_up, greedy=True, with_text=False)
+        outs = [m.generate(p, max_new_tokens=new_tokens, greedy=True, with_text=False) for p in greedy]
         q = m.manifest.quantization
         result.append(CompareRow(
             model=str(m.model_dir), precision=m.manifest.precision,
             method=q.label if q else ("imported" if m.manifest.source.imported_from else m.manifest.precision),
             size_bytes=graph_size(m.model_dir, m.manifest), **figures(i, outs)))
     for i, p in enumerate(peers, start=n_models):
+        p.greedy(list(greedy[0]), warm_up, ref.manifest.eos_id)
         outs = [p.greedy(list(g), new_tokens, ref.manifest.eos_id) for g in greedy]
         info = p.info
         result.append(CompareRow(model=info.name, precision=info.precision, method=info.method,

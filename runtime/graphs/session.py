@@ -90,10 +90,11 @@ _cuda_preloaded = False
 
 # ONNX Runtime graph rewrites every session skips. GroupQueryAttentionFusion (CUDA) folds the q/k/v projections and
 # the two RotaryEmbedding nodes in front of a GroupQueryAttention into one packed MatMul(NBits) with rotary inside
-# the attention, the layout GenAI's builder writes. Our graphs rotate outside the attention (partial rotary, q/k/v
-# biases between the projection and the rotation) and feed an attention_bias input the rewrite drops: on a
-# weight-only Llama dir ONNX Runtime 1.31 then refuses the rewritten node (input count), and where it does not the
-# fused graph would skip the biases. See docs/design.md#the-onnx-io-contract.
+# the attention, the layout GenAI's builder writes. Where our graphs rotate outside the attention (the fp16 graphs,
+# older ONNX Runtimes; partial rotary, q/k/v biases between the projection and the rotation) they also feed an
+# attention_bias input the rewrite drops: on a weight-only Llama dir ONNX Runtime 1.31 then refuses the rewritten
+# node (input count), and where it does not the fused graph would skip the biases. Where export put the rotary
+# inside the op already there is nothing to fold. See docs/design.md#the-onnx-io-contract.
 DISABLED_OPTIMIZERS = ("GroupQueryAttentionFusion",)
 
 
