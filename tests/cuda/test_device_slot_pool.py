@@ -44,25 +44,30 @@ def _served(engine, requests) -> list:
     engine.stop(grace_s=1)
     return got
 
-def _schedule(pool) -> list[np.ndarray]:
+def _schedule(pool, vocab: int = 50257) -> list[np.ndarray]:
     """Joins, a chunked prefill between steps, a leave and a slot reused: every logits array the pool returned (copied:
-    step may return a view that the next step overwrites)."""
-    out = [drain(pool.prefill(1, A, None))]
-    out.append(np.array(pool.step([1], np.array([3]))))
-    runs = pool.prefill(2, B, 4)  # 4 + 4 + 1 positions, the running row decoding between chunks
+    step may return a view that the next step overwrites). Token ids taken modulo `vocab` (a tiny model's)."""
+    a, b, c, d = ([i % vocab for i in p] for p in (A, B, C_, D))
+
+    def t(*ids: int) -> np.ndarray:
+        return np.array(ids) % vocab
+
+    out = [drain(pool.prefill(1, a, None))]
+    out.append(np.array(pool.step([1], t(3))))
+    runs = pool.prefill(2, b, 4)  # 4 + 4 + 1 positions, the running row decoding between chunks
     next(runs)
-    out.append(np.array(pool.step([1], np.array([4]))))
+    out.append(np.array(pool.step([1], t(4))))
     next(runs)
-    out.append(np.array(pool.step([1], np.array([5]))))
+    out.append(np.array(pool.step([1], t(5))))
     out.append(drain(runs))
-    out.append(np.array(pool.step([1, 2], np.array([6, 7]))))
-    out.append(pool.prefill_group([3], [C_]))
-    out.append(np.array(pool.step([2, 3, 1], np.array([8, 9, 10]))))
+    out.append(np.array(pool.step([1, 2], t(6, 7))))
+    out.append(pool.prefill_group([3], [c]))
+    out.append(np.array(pool.step([2, 3, 1], t(8, 9, 10))))
     pool.remove(1)
-    out.append(np.array(pool.step([3, 2], np.array([11, 12]))))
-    out.append(pool.prefill_group([4], [D]))  # takes the freed slot
-    for t in range(6):
-        out.append(np.array(pool.step([2, 4, 3], np.array([20 + t, 30 + t, 40 + t]))))
+    out.append(np.array(pool.step([3, 2], t(11, 12))))
+    out.append(pool.prefill_group([4], [d]))  # takes the freed slot
+    for k in range(6):
+        out.append(np.array(pool.step([2, 4, 3], t(20 + k, 30 + k, 40 + k))))
     return out
 
 
@@ -75,6 +80,28 @@ def test_device_slot_pool_equals_the_cpu_slot_pool(model, narrow):
     if narrow:  # one, two and then four rows stepped (the lowest free slot is taken, a freed one reused)
         assert sorted(pool._decoders) == [1, 2, 4]
     assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=0, err_msg=f"call {i}")
+
+
+def test_device_slot_pool_equals_the_cpu_slot_pool_with_the_rotary_inside_the_attention(tmp_path_factory):
+    """A Llama-style dir whose GroupQueryAttention rotates q and k itself (export/graph_rotary.py): its rows, each
+    starting at position 0 with the mask wider than they are, rotated at their own positions as on the CPU's pool."""
+    import onnx
+
+    from gptedge.export.exporter import export_checkpoint
+
+    from ..support.lineage_checkpoints import VOCAB, write_variant_checkpoint
+
+    root = tmp_path_factory.mktemp("rotary_inside_pool")
+    export_checkpoint(write_variant_checkpoint(root / "ckpt", "gqa2-linear", tokenizer=False), root / "dir",
+                      graph_variant="kv_buffer", validate=False)
+    graph = onnx.load(str(root / "dir" / "model.onnx"), load_external_data=False).graph
+    assert not any(n.op_type == "RotaryEmbedding" for n in graph.node)
+    llama = load(root / "dir", device="cpu")
+    ctx = llama.manifest.shape.context_length
+    want = _schedule(SlotPool(llama.variant, 4, ctx), VOCAB)
+    got = _schedule(_device_pool(llama, 4, narrow=True), VOCAB)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(g, w, atol=2e-5, rtol=0, err_msg=f"call {i}")
 
