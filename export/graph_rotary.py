@@ -14,7 +14,7 @@ Two attention writers, one per graph variant, called per layer as graph_attentio
     first prompt at position_ids[0, 0] + s for every row, not at each row's own positions (measured on 1.32);
     with it every row's position_ids are honoured, the prompt's included. query_seqlens = min(S, seqlens_k + 1)
     is the op's own default, so it changes nothing else. One node a layer instead of Split + two
-    RotaryEmbedding + the attention: 1.06-1.12x a decode step on the SmolLM2-135M shape (docs/design.md#the-
+    RotaryEmbedding + the attention: 1.05-1.10x a decode step on the SmolLM2-135M shape (docs/design.md#the-
     onnx-io-contract). The op's rotary wants head_size and rotary_dim multiples of 16.
   * outside: RotaryEmbedding on q and k, then the attention, for every other graph (older ONNX Runtime, other
     head sizes), and what quantize's fp16 targets rewrite an inside graph back to (quantize/rotary_form.py:
@@ -27,7 +27,6 @@ k_proj, v_proj concatenated at export: `h.N.self_attn.qkv_proj`) split after the
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import ClassVar
 
@@ -35,6 +34,7 @@ import numpy as np
 from onnx import TensorProto
 
 from gptedge.runtime import contract as C
+from gptedge.runtime.graphs.session import gqa_takes_query_seqlens
 
 from .graph_writer import Weights
 from .config import GPTConfig
@@ -43,19 +43,8 @@ from .graph_writer import FLOAT_MIN, MS_DOMAIN, GraphWriter
 from .rotary import inv_freq, tables
 
 # GroupQueryAttention's optional inputs by index (its com.microsoft schema)
-GQA_COS, GQA_SIN, GQA_POSITION_IDS, GQA_BIAS, GQA_QUERY_SEQLENS = 7, 8, 9, 10, 16
-
-
-@functools.cache
-def gqa_takes_query_seqlens() -> bool:
-    """Whether the installed ONNX Runtime's GroupQueryAttention has the query_seqlens input (1.32 and later)."""
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
-
-        schemas = ort_state.get_all_operator_schema()
-    except (ImportError, AttributeError):  # no onnxruntime, or a build without its schemas
-        return False
-    return any(s.name == "GroupQueryAttention" and len(s.inputs) > GQA_QUERY_SEQLENS for s in schemas)
+GQA_COS, GQA_SIN, GQA_POSITION_IDS, GQA_BIAS = 7, 8, 9, 10
+GQA_QUERY_SEQLENS = 16  # runtime/graphs/session.py asks ONNX Runtime for it by name
 
 
 def rotary_inside(cfg: GPTConfig) -> bool:
@@ -106,10 +95,11 @@ class _Rotary:
     rotary_dim: int
     n_kv: int
 
-    def _rotary_setup(self, g: GraphWriter, cfg: GPTConfig) -> None:
+    def _rotary_setup(self, g: GraphWriter, cfg: GPTConfig, rows: int | None = None) -> None:
+        """rows: the tables' rows, n_positions unless the attention asks for more (RotaryGroupQueryAttention)."""
         self.rotary_dim = cfg.rotary_dim
         self.n_kv = cfg.kv_heads
-        cos, sin = tables(inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling), cfg.n_positions)
+        cos, sin = tables(inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling), rows or cfg.n_positions)
         self.cos_cache = g.const("rotary.cos_cache", cos)
         self.sin_cache = g.const("rotary.sin_cache", sin)
 
@@ -200,8 +190,12 @@ class RotaryGroupQueryAttention(_Rotary, GroupQueryAttention):
 
     def __init__(self, g: GraphWriter, cfg: GPTConfig, allowed: str):
         super().__init__(g, cfg, allowed)
-        self._rotary_setup(g, cfg)
         self.inside = rotary_inside(cfg)
+        # Inside, GroupQueryAttention wants cos_cache rows >= total_sequence_length, the mask's width, not the
+        # largest position: a left-padded batch whose short rows decode past the longest prompt's room (generate
+        # lets them, up to context - shortest prompt) has a mask up to 2 n_positions - 1 wide, every position in it
+        # below n_positions.
+        self._rotary_setup(g, cfg, 2 * cfg.n_positions if self.inside else None)
         self._query_seqlens: str | None = None
 
     def _rotate(self, t: str, heads: int, name: str) -> str:

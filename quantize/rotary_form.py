@@ -4,7 +4,8 @@ export writes the rotary families' kv_buffer attention with the rotation inside 
 installed ONNX Runtime allows it (export/graph_rotary.py: do_rotary=1 with position_ids and query_seqlens, the
 packed q | k | v projection as the op's query). fp16 graphs are for the CUDA provider, whose attention gptedge
 checked in the other form (RotaryEmbedding on q and k before the op) and on ONNX Runtime 1.31, which has no
-query_seqlens; so the fp16 targets (`--method fp16`, weight-only `--float16`, an fp16 cache) get that form back.
+query_seqlens; so the fp16 targets (`--method fp16`, weight-only `--float16`) get that form back (an fp16 cache
+on an fp32 graph runs on the CPU and keeps the rotary inside).
 Same computation, same cache content: both rotate each row at its own position_ids.
 
 Per GroupQueryAttention with do_rotary=1 (packed input (B, S, (nh + 2 nkv) hs)):
@@ -71,13 +72,16 @@ def rotary_outside(model: onnx.ModelProto, head_dim: int) -> int:
 
 
 def _drop_unused(g: onnx.GraphProto) -> None:
-    """Nodes whose outputs nothing reads any more (query_seqlens' Min and what fed only it), repeated to a fixpoint."""
+    """Nodes whose outputs nothing reads any more (query_seqlens' Min and what fed only it), repeated to a fixpoint,
+    then the initializers no node reads (the constant only that Add read); graph inputs and outputs stay."""
     outputs = {o.name for o in g.output}
     while True:
-        used = {i for n in g.node for i in n.input} | outputs
-        dead = [n for n in g.node if not any(o in used for o in n.output)]
-        if not dead:
-            return
+        used = ({i for n in g.node for i in n.input} | outputs) - {""}
         alive = [n for n in g.node if any(o in used for o in n.output)]
+        if len(alive) == len(g.node):
+            break
         del g.node[:]
         g.node.extend(alive)
+    kept = [i for i in g.initializer if i.name in used or i.name in {v.name for v in g.input}]
+    del g.initializer[:]
+    g.initializer.extend(kept)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DeviceError, InvalidArgumentError, MissingRuntimeError, install_hint
+from ..errors import DeviceError, InvalidArgumentError, MissingRuntimeError, ModelDirError, install_hint
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,19 @@ def import_onnxruntime() -> Any:
     except ImportError:
         raise MissingRuntimeError(f"ONNX Runtime is not installed: {install_hint('cpu')}") from None
     return onnxruntime
+
+
+@functools.cache
+def gqa_takes_query_seqlens() -> bool:
+    """Whether the installed ONNX Runtime's GroupQueryAttention has the query_seqlens input (1.32 and later), which
+    export's rotary-inside form reads (docs/design.md#the-onnx-io-contract)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+        schemas = ort_state.get_all_operator_schema()
+    except (ImportError, AttributeError):  # no onnxruntime, or a build without its schemas
+        return False
+    return any(s.name == "GroupQueryAttention" and any(i.name == "query_seqlens" for i in s.inputs) for s in schemas)
 
 
 def available_providers() -> list[str]:
@@ -139,8 +153,17 @@ def make_session(model_path: str | bytes, device: str = "auto", config: SessionC
         if CUDA_PROVIDER not in providers:
             raise DeviceError("CUDA graphs need the CUDA execution provider")
         provider_options[0]["enable_cuda_graph"] = "1"
-    session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
-                                   provider_options=provider_options, disabled_optimizers=list(DISABLED_OPTIMIZERS))
+    try:
+        session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
+                                       provider_options=provider_options,
+                                       disabled_optimizers=list(DISABLED_OPTIMIZERS))
+    except Exception as e:  # onnxruntime's own exception types, one per status code
+        if "GroupQueryAttention" in str(e) and not gqa_takes_query_seqlens():
+            raise ModelDirError(f"the graph's GroupQueryAttention reads query_seqlens (its rotary inside the op, "
+                                f"written by an export on onnxruntime >= 1.32); onnxruntime {ort.__version__} has "
+                                f"no such input: install onnxruntime >= 1.32, or export the dir again with this "
+                                f"one") from None
+        raise
     log.info("session on %s (providers used: %s)", device, ", ".join(session.get_providers()))
     return session
 

@@ -100,7 +100,7 @@ def test_rotary_stays_outside_where_onnx_runtime_lacks_query_seqlens(tmp_path, m
     row: a left-padded row would be rotated at another position than its own, so the graph keeps RotaryEmbedding."""
     from gptedge.export import graph_rotary
 
-    monkeypatch.setattr(graph_rotary, "gqa_takes_query_seqlens", lambda: False)
+    monkeypatch.setattr(graph_rotary, "gqa_takes_query_seqlens", lambda: False)  # as imported there
     model = _graph(tmp_path, "gqa2-linear", "kv_buffer")
     ops = Counter(n.op_type for n in model.graph.node)
     assert ops["RotaryEmbedding"] == 4 and ops["Split"] == 2

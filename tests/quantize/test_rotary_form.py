@@ -44,7 +44,10 @@ def inside_and_outside(request, tmp_path_factory):
 def test_the_forms_differ_where_they_should(inside_and_outside):
     inside, outside = (_ops(d / "model.onnx") for d in inside_and_outside)
     assert inside["RotaryEmbedding"] == 0 and outside["RotaryEmbedding"] == 4 and outside["Split"] == 2
-    assert outside["Min"] == 0  # query_seqlens' node went with its only reader
+    assert outside["Min"] == 0  # query_seqlens' node went with its only reader, and the constant only it read
+    graph = onnx.load(str(inside_and_outside[1] / "model.onnx"), load_external_data=False).graph
+    read = {i for n in graph.node for i in n.input} | {v.name for v in graph.input}
+    assert [i.name for i in graph.initializer if i.name not in read] == []
     gqa = [n for n in onnx.load(str(inside_and_outside[1] / "model.onnx")).graph.node
            if n.op_type == "GroupQueryAttention"]
     assert all(len(n.input) == 11 and n.input[7:10] == ["", "", ""] for n in gqa)
@@ -83,3 +86,52 @@ def test_fp16_targets_write_the_rotary_outside(inside_and_outside, tmp_path):
     quantize_model_dir(inside, tmp_path / "half", QuantizeRecipe(method="fp16"))
     assert _ops(tmp_path / "wo4" / "model.onnx")["RotaryEmbedding"] == 0  # CPU targets keep it inside
     assert _ops(tmp_path / "half" / "model.onnx")["RotaryEmbedding"] == 4
+
+
+def test_a_batch_whose_short_row_decodes_past_the_long_prompts_room(inside_and_outside):
+    """generate lets a left-padded batch's short rows run on after the longest has met the context: the mask then
+    grows wider than the context (every position still inside it). GroupQueryAttention's own rotary wants its
+    cos / sin tables at least as long as the mask is wide; each row must still be what it is alone."""
+    a, b = (runtime.load(d, device="cpu") for d in inside_and_outside)
+    ctx = a.manifest.shape.context_length
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, VOCAB, ctx - 4).tolist(), rng.integers(3, VOCAB, 2).tolist()]
+    got = [g.ids for g in a.generate_batch(prompts, max_new_tokens=50, greedy=True, ignore_eos=True)]
+    assert [len(g) for g in got] == [4, 50]
+    assert got == [g.ids for g in b.generate_batch(prompts, max_new_tokens=50, greedy=True, ignore_eos=True)]
+    assert got == [a.generate(p, max_new_tokens=50, greedy=True, ignore_eos=True).ids for p in prompts]
+
+
+def test_an_onnx_runtime_without_query_seqlens_is_named_in_one_line(inside_and_outside, monkeypatch):
+    """onnxruntime 1.31 refuses the inside form's 17-input GroupQueryAttention with a schema error pages long (its
+    first words below, as it printed them); load says what to install instead."""
+    import types
+
+    from gptedge.runtime.errors import ModelDirError
+    from gptedge.runtime.graphs import session
+
+    real = session.import_onnxruntime()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError('[ONNXRuntimeError] : 10 : INVALID_GRAPH : Load model failed:This is an invalid model. '
+                           'In Node, ("h.0.attn.gqa", GroupQueryAttention, "com.microsoft", -1) : ...')
+
+    old = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
+    old.InferenceSession, old.__version__ = refuse, "1.31.0"
+    monkeypatch.setattr(session, "import_onnxruntime", lambda: old)
+    monkeypatch.setattr(session, "gqa_takes_query_seqlens", lambda: False)
+    with pytest.raises(ModelDirError, match=r"^the graph's GroupQueryAttention reads query_seqlens .* onnxruntime "
+                                            r"1\.31\.0 has no such input: install onnxruntime >= 1\.32"):
+        runtime.load(inside_and_outside[0], device="cpu")
+    monkeypatch.setattr(session, "gqa_takes_query_seqlens", lambda: True)  # any other failure: load's usual line
+    with pytest.raises(ModelDirError, match="ONNX Runtime cannot load it .*INVALID_GRAPH"):
+        runtime.load(inside_and_outside[0], device="cpu")
+
+
+def test_the_installed_onnx_runtime_names_query_seqlens():
+    from gptedge.runtime.graphs.session import gqa_takes_query_seqlens
+
+    import onnxruntime
+
+    want = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2]) >= (1, 32)
+    assert gqa_takes_query_seqlens() is want
