@@ -13,9 +13,10 @@ Two attention writers, one per graph variant, called per layer as graph_attentio
     do_rotary=1, position_ids and query_seqlens (ONNX Runtime >= 1.32). Without query_seqlens the op rotates a
     first prompt at position_ids[0, 0] + s for every row, not at each row's own positions (measured on 1.32);
     with it every row's position_ids are honoured, the prompt's included. query_seqlens = min(S, seqlens_k + 1)
-    is the op's own default, so it changes nothing else. One node a layer instead of Split + two
-    RotaryEmbedding + the attention: 1.05-1.10x a decode step on the SmolLM2-135M shape (docs/design.md#the-
-    onnx-io-contract). The op's rotary wants head_size and rotary_dim multiples of 16.
+    is the value the op assumes without it. One node a layer instead of Split + two RotaryEmbedding + the
+    attention: 1.05-1.10x a decode step on the SmolLM2-135M shape (see
+    docs/design.md#the-onnx-io-contract). The op's rotary wants head_size and rotary_dim multiples of 16; its
+    cos / sin tables at least as many rows as the mask is wide (2 n_positions here, see __init__).
   * outside: RotaryEmbedding on q and k, then the attention, for every other graph (older ONNX Runtime, other
     head sizes), and what quantize's fp16 targets rewrite an inside graph back to (quantize/rotary_form.py:
     the CUDA provider's attention is checked in that form).
