@@ -43,10 +43,6 @@ from .graph_attention import AttentionWriter, GroupQueryAttention
 from .graph_writer import FLOAT_MIN, MS_DOMAIN, GraphWriter
 from .rotary import inv_freq, tables
 
-# GroupQueryAttention's optional inputs by index (its com.microsoft schema)
-GQA_COS, GQA_SIN, GQA_POSITION_IDS, GQA_BIAS = 7, 8, 9, 10
-GQA_QUERY_SEQLENS = 16  # runtime/graphs/session.py asks ONNX Runtime for it by name
-
 
 def rotary_inside(cfg: GPTConfig) -> bool:
     """The kv_buffer graph rotates inside GroupQueryAttention (module docstring): the installed ONNX Runtime takes
@@ -223,8 +219,9 @@ class RotaryGroupQueryAttention(_Rotary, GroupQueryAttention):
         if self.inside:
             packed = dense(g, x, self.packed_qkv(w, i), self.qkv_name(i))  # (B, S, (nh + 2 nkv) hs)
             inputs = [packed, "", "", C.past_key(i), C.past_value(i), self.seqlens_k, self.total] + [""] * 10
-            inputs[GQA_COS], inputs[GQA_SIN], inputs[GQA_POSITION_IDS] = self.cos_cache, self.sin_cache, C.POSITION_IDS
-            inputs[GQA_BIAS], inputs[GQA_QUERY_SEQLENS] = self.bias, self.query_seqlens(x)
+            inputs[C.GQA_COS_CACHE], inputs[C.GQA_SIN_CACHE] = self.cos_cache, self.sin_cache
+            inputs[C.GQA_POSITION_IDS], inputs[C.GQA_ATTENTION_BIAS] = C.POSITION_IDS, self.bias
+            inputs[C.GQA_QUERY_SEQLENS] = self.query_seqlens(x)
             y = g.op("GroupQueryAttention", inputs, outputs=outputs, name=f"{p}.gqa", domain=MS_DOMAIN,
                      do_rotary=1, rotary_interleaved=0, **heads)[0]  # (B, S, nh * hs)
             return self.output(g, y, w, i)

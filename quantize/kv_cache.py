@@ -125,13 +125,13 @@ def rewrite_kv_cache(model: onnx.ModelProto, kind: KVCacheKind, head_dim: int,
         if not kind.quantized:
             continue
         # inputs 7..11 (cos_cache, sin_cache, position_ids, attention_bias, head_sink) and 16 (query_seqlens, where
-        # the rotary is inside the op) keep what they are; 12 and 13 are k_scale and v_scale
-        while len(node.input) < 14:
+        # the rotary is inside the op) keep what they are
+        while len(node.input) <= C.GQA_V_SCALE:
             node.input.append("")
-        for j, suffix in ((0, "key"), (1, "value")):
+        for j, (suffix, index) in enumerate((("key", C.GQA_K_SCALE), ("value", C.GQA_V_SCALE))):
             name = f"kv_cache.{i}.{suffix}_scale"
             g.initializer.append(numpy_helper.from_array(scales[2 * i + j], name))
-            node.input[12 + j] = name
+            node.input[index] = name
         node.attribute.extend([onnx.helper.make_attribute("kv_cache_bit_width", kind.bits),
                                onnx.helper.make_attribute("k_quant_type", "PER_CHANNEL"),
                                onnx.helper.make_attribute("v_quant_type", "PER_CHANNEL")])

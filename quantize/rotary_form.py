@@ -20,8 +20,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-MS_DOMAIN = "com.microsoft"
-_COS, _SIN, _POSITION_IDS, _QUERY_SEQLENS = 7, 8, 9, 16  # GroupQueryAttention's inputs by index
+from gptedge.runtime.contract import GQA_COS_CACHE, GQA_POSITION_IDS, GQA_QUERY_SEQLENS, GQA_SIN_CACHE
+
+from .rewrite import MS_DOMAIN
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -41,23 +42,24 @@ def rotary_outside(model: onnx.ModelProto, head_dim: int) -> int:
             continue
         if int(attrs.get("rotary_interleaved", 0)) != 0:
             raise ValueError(f"{node.name}: an interleaved rotary is not one gptedge writes")
-        inputs = list(node.input) + [""] * (_QUERY_SEQLENS + 1 - len(node.input))
+        inputs = list(node.input) + [""] * (GQA_QUERY_SEQLENS + 1 - len(node.input))
         nh, nkv, packed = attrs["num_heads"], attrs["kv_num_heads"], inputs[0]
         sizes = f"{node.name}.split_sizes"
         g.initializer.append(numpy_helper.from_array(np.array([nh * head_dim] + [nkv * head_dim] * 2, np.int64),
                                                      sizes))
         q, k, v = (f"{node.name}.{t}" for t in "qkv")
         nodes.append(helper.make_node("Split", [packed, sizes], [q, k, v], name=f"{node.name}.split", axis=-1))
-        rotary_dim = 2 * widths[inputs[_COS]]
+        rotary_dim = 2 * widths[inputs[GQA_COS_CACHE]]
         rotated = []
         for t, heads in ((q, nh), (k, nkv)):
             partial = {} if rotary_dim == head_dim else {"rotary_embedding_dim": rotary_dim, "num_heads": heads}
-            nodes.append(helper.make_node("RotaryEmbedding", [t, inputs[_POSITION_IDS], inputs[_COS], inputs[_SIN]],
+            reads = [t, inputs[GQA_POSITION_IDS], inputs[GQA_COS_CACHE], inputs[GQA_SIN_CACHE]]
+            nodes.append(helper.make_node("RotaryEmbedding", reads,
                                           [f"{t}_rotated"], name=f"{t}.rotary", domain=MS_DOMAIN, interleaved=0,
                                           **partial))
             rotated.append(f"{t}_rotated")
         inputs[0:3] = [*rotated, v]
-        inputs[_COS] = inputs[_SIN] = inputs[_POSITION_IDS] = inputs[_QUERY_SEQLENS] = ""
+        inputs[GQA_COS_CACHE] = inputs[GQA_SIN_CACHE] = inputs[GQA_POSITION_IDS] = inputs[GQA_QUERY_SEQLENS] = ""
         while inputs and inputs[-1] == "":  # trailing empty optional inputs dropped
             inputs.pop()
         kept = {n: a for n, a in attrs.items() if n not in ("do_rotary", "rotary_interleaved")}
@@ -82,6 +84,7 @@ def _drop_unused(g: onnx.GraphProto) -> None:
             break
         del g.node[:]
         g.node.extend(alive)
-    kept = [i for i in g.initializer if i.name in used or i.name in {v.name for v in g.input}]
+    used |= {v.name for v in g.input}
+    kept = [i for i in g.initializer if i.name in used]
     del g.initializer[:]
     g.initializer.extend(kept)

@@ -20,6 +20,12 @@ LOGITS_TO_KEEP = "logits_to_keep"
 GRAPH_STANDARD = "standard"  # Optimum's contract; serves prefill, decode and perplexity
 GRAPH_KV_BUFFER = "kv_buffer"  # past/present are one preallocated buffer (B, nh, max_len, hs), updated in place
 
+# com.microsoft GroupQueryAttention's optional inputs by index (its schema), as the kv_buffer graph feeds them:
+# export writes them, quantize rewrites them (the rotary's form, the KV cache's scales)
+GQA_COS_CACHE, GQA_SIN_CACHE, GQA_POSITION_IDS, GQA_ATTENTION_BIAS = 7, 8, 9, 10
+GQA_K_SCALE, GQA_V_SCALE = 12, 13
+GQA_QUERY_SEQLENS = 16  # ONNX Runtime >= 1.32 (runtime/graphs/session.py asks for it by name)
+
 
 def past_key(layer: int) -> str:
     return f"past_key_values.{layer}.key"  # float [batch, heads, past, head_dim]

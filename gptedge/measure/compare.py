@@ -141,8 +141,17 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
         if progress:
             progress(w.end - 1, len(text_ids) - 1)
     greedy = greedy_prompts(text_ids, prompts, min(prompt_length, context - new_tokens - 1))
+    # Every row's tok/s is timed the same way: one untimed warm-up run, then the timed prompts. Without it the first
+    # row (the reference, timed right after the windows' pass) read 13-15 % below a dir computing the same function
+    # timed later in the run (SmolLM2 shape, 896 + 128, three runs), where interleaved runs of the two put them level.
     # Ids only (with_text=False): the peers' loops decode no text either, so the tok/s columns time the same work.
-    ref_out = [ref.generate(p, max_new_tokens=new_tokens, greedy=True, with_text=False) for p in greedy]
+    warm_up = min(8, new_tokens)
+
+    def timed_greedy(m) -> list:
+        m.generate(greedy[0], max_new_tokens=warm_up, greedy=True, with_text=False)
+        return [m.generate(p, max_new_tokens=new_tokens, greedy=True, with_text=False) for p in greedy]
+
+    ref_out = timed_greedy(ref)  # the reference's ids for every row's agreement, and its own row's tok/s
     result = []
     ref_ppl = math.exp(nll[0] / count)
 
@@ -154,13 +163,8 @@ def compare(models: list, text_ids: list[int], prompts: int = 8, new_tokens: int
                     kl=float(kl[i] / count), greedy_agreement=greedy_agree,
                     tokens_per_s=float(np.mean([o.tokens_per_s for o in outs])))
 
-    # Every row's tok/s is timed the same way: one untimed warm-up run, then the timed prompts. Without it the first
-    # row (the reference, timed right after the windows' pass) read 13-15 % below a dir computing the same function
-    # timed later in the run (SmolLM2 shape, 896 + 128, three runs), where interleaved runs of the two put them level.
-    warm_up = min(8, new_tokens)
     for i, m in enumerate(models):
-        m.generate(greedy[0], max_new_tokens=warm_up, greedy=True, with_text=False)
-        outs = [m.generate(p, max_new_tokens=new_tokens, greedy=True, with_text=False) for p in greedy]
+        outs = ref_out if i == 0 else timed_greedy(m)
         q = m.manifest.quantization
         result.append(CompareRow(
             model=str(m.model_dir), precision=m.manifest.precision,
