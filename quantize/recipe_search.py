@@ -1,15 +1,19 @@
-"""`gptedge quantize MODEL -o OUT --max-kl K --calibration TEXT [--prefer size]`: the smallest recipe within a KL
-budget.
+"""`gptedge quantize MODEL -o OUT --max-kl K --calibration TEXT [--prefer size|speed]`: the smallest, or the
+fastest on this machine, recipe within a KL budget.
 
 The calibration text is split in two at a paragraph near CALIBRATION_SHARE of its characters: the first part
 calibrates (AWQ's scales, the int8 cache's) and ranks the candidates, the second confirms the choice on windows
 no candidate saw. Candidates (CANDIDATES, each weight-only with the error-aware quantizers) are tried in order of
-their estimated bytes, smallest first; the first whose KL(fp32 || q) on the calibration windows is within K and
-whose held-out KL is within HELD_OUT_SLACK x K is written, and the search stops there. A candidate FAR x over K skips
-the larger ones of its width. Nothing is timed (--prefer speed would need timings on the user's machine: not offered
-yet). The manifest's quantization.search records the budget, every candidate tried (options, bytes, KL) and the chosen
-one; a budget no candidate meets is a one-line
-error naming the closest.
+their estimated bytes, smallest first. A candidate FAR x over K skips the larger ones of its width.
+- size: the first whose KL(fp32 || q) on the calibration windows is within K and whose held-out KL is within
+  HELD_OUT_SLACK x K is written, and the search stops there.
+- speed: the space adds wider blocks (SPEED_CANDIDATES: fewer scale bytes, and on CPUs whose int8 dot products make
+  MatMulNBits compute-bound at blocks of 32 a faster kernel per byte); every candidate within the budget is kept
+  (up to SPEED_BYTES_CAP x the smallest one's bytes: batch-1 decode reads every weight once a token), then timed
+  on this machine, interleaved over TIMING_ROUNDS rounds (greedy decode, batch 1, seeded prompt ids), and the one
+  with the highest median tok/s is written.
+The manifest's quantization.search records the budget, every candidate tried (options, bytes, KL, tok/s where
+timed) and the chosen one; a budget no candidate meets is a one-line error naming the closest.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +32,7 @@ import numpy as np
 from gptedge import runtime
 from gptedge.atomic import check_output
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
+from gptedge.runtime.graphs.session import SessionConfig
 from gptedge.runtime.generation.evaluate import log_softmax, sliding_windows, window_logits
 from gptedge.runtime.modeldir.manifest import ModelShape, RecipeSearch, SearchCandidate, read_manifest, write_manifest
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
@@ -37,7 +43,7 @@ from .quantizer import quantize_model_dir
 
 log = logging.getLogger(__name__)
 
-PREFER = ("size",)
+PREFER = ("size", "speed")
 CALIBRATION_SHARE = 0.75
 # A candidate this far over K rules out the rest of its width (4-bit with more kept at 8 bits moved KL by < 2x on
 # the sample model, where 8-bit is 10x lower): they are skipped, unrecorded, so a tight budget reaches 8 bits sooner.
@@ -61,6 +67,16 @@ CANDIDATES: tuple[tuple[str, dict], ...] = (
     ("--bits 8 --scale-search mse --awq", _8),
     ("--bits 8 --scale-search mse --awq --block-size 16", dict(_8, block_size=16)),
 )
+
+
+# --prefer speed's wider blocks, on the grids that paid at blocks of 32. Blocks of 128 need n_embd (and the MLP's
+# width) divisible by 128; a candidate whose block does not divide n_embd is dropped before the search.
+SPEED_CANDIDATES: tuple[tuple[str, dict], ...] = CANDIDATES + tuple(
+    (f"{opts} --block-size {b}", dict(fields, block_size=b))
+    for b in (64, 128) for opts, fields in (("--bits 4 --gptq --scale-search mse", dict(_4, scale_search="mse")),
+                                            ("--bits 8 --scale-search mse --awq", _8)))
+SPEED_BYTES_CAP = 2.0  # --prefer speed: candidates over this x the smallest qualifying one's bytes are not tried
+TIMING_PROMPT, TIMING_NEW, TIMING_ROUNDS = 32, 64, 3  # --prefer speed: seeded prompt ids, greedy tokens, rounds
 
 
 def estimated_bytes(recipe: QuantizeRecipe, shape: ModelShape) -> float:
@@ -121,15 +137,18 @@ class _Scorer:
 def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: str, prefer: str = "size",
                   kv_cache: str = "fp32", force: bool = False,
                   progress: Callable[[int, int], None] | None = None,
-                  candidates: tuple[tuple[str, dict], ...] = CANDIDATES):
-    """Quantize `model_dir` with the smallest candidate within `max_kl` into `out` -> its manifest (search recorded)."""
+                  candidates: tuple[tuple[str, dict], ...] | None = None, threads: int | None = None):
+    """Quantize `model_dir` with the smallest (prefer="size") or fastest (prefer="speed") candidate within `max_kl`
+    into `out` -> its manifest (search recorded). threads: intra-op threads the speed candidates are timed with."""
     model_dir, out = Path(model_dir), Path(out)
     if not max_kl > 0:
         raise InvalidArgumentError(f"--max-kl must be a positive KL, got {max_kl}")
     if prefer not in PREFER:
-        raise InvalidArgumentError(f"--prefer {prefer} is not offered: only size (candidates are not timed)")
+        raise InvalidArgumentError(f"--prefer {prefer} is not offered: choose {' or '.join(PREFER)}")
     check_output(out, force, inputs=[model_dir])
     shape = read_manifest(model_dir).shape
+    if candidates is None:
+        candidates = SPEED_CANDIDATES if prefer == "speed" else CANDIDATES
     recipes = [(opts, QuantizeRecipe("weight-only", **fields)) for opts, fields in candidates]
     recipes = [(opts, r) for opts, r in recipes if shape.n_embd % r.block_size == 0]
     recipes.sort(key=lambda c: estimated_bytes(c[1], shape))
@@ -140,11 +159,15 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
     tried: list[SearchCandidate] = []
     scratch = Path(tempfile.mkdtemp(prefix=".max-kl-", dir=out.parent if out.parent.exists() else None))
     hopeless: set[int] = set()  # widths (bits) ruled out by a candidate FAR over the budget
+    within: list[tuple[int, Path]] = []  # --prefer speed: (index in tried, dir) of the candidates within the budget
+    floor: float | None = None  # --prefer speed: the estimated bytes of the smallest of them
     try:
         with gptq.factor_cache(scratch / "gptq-factors"):  # the GPTQ candidates share H and its factors
             for i, (opts, recipe) in enumerate(recipes):
                 if recipe.bits in hopeless:
                     continue
+                if floor is not None and estimated_bytes(recipe, shape) > SPEED_BYTES_CAP * floor:
+                    break  # sorted by bytes: the rest are larger still
                 d = scratch / f"c{i}"
                 quantize_model_dir(model_dir, d, recipe, calibration_text=calibration, kv_cache=kv_cache)
                 m = read_manifest(d)
@@ -158,16 +181,49 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
                     progress(i + 1, len(recipes))
                 if kl > FAR * max_kl:
                     hopeless.add(recipe.bits)
-                if held is not None and held <= HELD_OUT_SLACK * max_kl:
+                met = held is not None and held <= HELD_OUT_SLACK * max_kl
+                if met and prefer == "size":
                     return _finish(d, out, force, RecipeSearch(max_kl, prefer, len(scorers[0].ids), len(scorers[1].ids),
                                                                tuple(tried), opts))
-            closest = min(tried, key=lambda c: c.kl_held_out if c.kl_held_out is not None else c.kl_calibration)
-            raise QuantizationError(f"no recipe meets --max-kl {max_kl:g}: the closest is `{closest.options}` "
-                                    f"(KL {closest.kl_calibration:.3g} on the calibration windows"
-                                    + ("" if closest.kl_held_out is None else f", {closest.kl_held_out:.3g} held out")
-                                    + f", {closest.size_bytes / 1e6:.2f} MB)")
+                if met:
+                    within.append((len(tried) - 1, d))
+                    floor = floor or estimated_bytes(recipe, shape)
+                else:
+                    shutil.rmtree(d, ignore_errors=True)  # keep the scratch folder to the candidates still in play
+        if within:
+            rates = time_candidates([d for _, d in within], shape.vocab_size, threads)
+            for (j, _), rate in zip(within, rates, strict=True):
+                tried[j] = dataclasses.replace(tried[j], decode_tok_s=rate)
+            j, d = max(zip(within, rates, strict=True), key=lambda x: x[1])[0]
+            return _finish(d, out, force, RecipeSearch(max_kl, prefer, len(scorers[0].ids), len(scorers[1].ids),
+                                                       tuple(tried), tried[j].options))
+        closest = min(tried, key=lambda c: c.kl_held_out if c.kl_held_out is not None else c.kl_calibration)
+        raise QuantizationError(f"no recipe meets --max-kl {max_kl:g}: the closest is `{closest.options}` "
+                                f"(KL {closest.kl_calibration:.3g} on the calibration windows"
+                                + ("" if closest.kl_held_out is None else f", {closest.kl_held_out:.3g} held out")
+                                + f", {closest.size_bytes / 1e6:.2f} MB)")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def time_candidates(dirs: list[Path], vocab: int, threads: int | None,
+                    rounds: int = TIMING_ROUNDS) -> list[float]:
+    """Median decode tok/s of each dir (batch 1, TIMING_PROMPT seeded ids + TIMING_NEW greedy tokens), the dirs
+    interleaved within each round so that a machine's drift falls on all of them alike. Each dir is loaded once and
+    warmed up by a short run first."""
+    prompt = np.random.default_rng(0).integers(0, vocab, size=(1, TIMING_PROMPT)).tolist()
+    models = [runtime.load(d, device="cpu", session=SessionConfig(threads=threads)) for d in dirs]
+    for model in models:
+        model.generate_batch(prompt, max_new_tokens=4, greedy=True, ignore_eos=True, with_text=False)
+    runs: list[list[float]] = [[] for _ in dirs]
+    for _ in range(rounds):
+        for model, rates in zip(models, runs, strict=True):
+            out = model.generate_batch(prompt, max_new_tokens=TIMING_NEW, greedy=True, ignore_eos=True,
+                                       with_text=False)
+            rates.append(out[0].tokens_per_s)
+    for d, rates in zip(dirs, runs, strict=True):
+        log.info("--prefer speed: %s: %s tok/s", d.name, ", ".join(f"{r:.1f}" for r in rates))
+    return [statistics.median(r) for r in runs]
 
 
 def _finish(chosen: Path, out: Path, force: bool, search: RecipeSearch):

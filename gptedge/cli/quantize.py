@@ -105,10 +105,12 @@ recipe_options = grouped(
               help="kv_buffer graphs: the KV cache's storage (fp16 halves it, int8 a quarter, int4 an eighth; "
                    "int8/int4 scales are measured on --calibration).")
 @click.option("--max-kl", type=float, default=None, metavar="K",
-              help="Choose the recipe: the smallest weight-only candidate whose KL(fp32 || q) is within K on "
-                   "--calibration (three quarters of it; confirmed on the rest). Instead of --method.")
-@click.option("--prefer", type=click.Choice(["size"]), default="size", show_default=True,
-              help="--max-kl: what to minimise among the recipes within K (candidates are not timed).")
+              help="Choose the recipe: the weight-only candidate (smallest, or fastest: --prefer) whose "
+                   "KL(fp32 || q) is within K on --calibration (three quarters of it; confirmed on the rest). "
+                   "Instead of --method.")
+@click.option("--prefer", type=click.Choice(["size", "speed"]), default="size", show_default=True,
+              help="--max-kl: the smallest recipe within K, or the fastest on this machine (every candidate within "
+                   "K timed here, batch-1 greedy decode; wider blocks tried too).")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: str | None, kv_cache: str,
              max_kl: float | None, prefer: str, force: bool) -> None:
@@ -218,6 +220,9 @@ def _search(model: str, out: str, recipe: QuantizeRecipe | None, calibration: st
                                     force=force, progress=progress("candidates"))
     s = manifest.quantization.search
     chosen = next(c for c in s.candidates if c.options == s.chosen)
+    timed = sum(c.decode_tok_s is not None for c in s.candidates)
     diag(f"quantized {model} -> {out} with `{s.chosen}`: KL {chosen.kl_calibration:.3g} on the calibration windows, "
-         f"{chosen.kl_held_out:.3g} held out (budget {max_kl:g}), {chosen.size_bytes / 1e6:.2f} MB; "
-         f"{len(s.candidates)} candidate(s) tried")
+         f"{chosen.kl_held_out:.3g} held out (budget {max_kl:g}), {chosen.size_bytes / 1e6:.2f} MB"
+         + ("" if chosen.decode_tok_s is None else
+            f", {chosen.decode_tok_s:.1f} tok/s here (the fastest of {timed} within the budget)")
+         + f"; {len(s.candidates)} candidate(s) tried")

@@ -158,12 +158,14 @@ class Parity:
 @dataclass(frozen=True)
 class SearchCandidate:
     """One recipe `quantize --max-kl` tried: its quantize options, the graph's bytes, its KL(fp32 || it) on the
-    calibration windows and (where it met the budget there) on the held-out windows of the same text."""
+    calibration windows, (where it met the budget there) on the held-out windows of the same text, and (--prefer
+    speed, where it met the budget on both) its median decode tok/s on the machine that ran the search."""
 
     options: str
     size_bytes: int
     kl_calibration: float
     kl_held_out: float | None = None
+    decode_tok_s: float | None = None
 
 
 @dataclass(frozen=True)

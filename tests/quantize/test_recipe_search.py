@@ -1,5 +1,6 @@
 """quantize --max-kl: candidates tried by estimated bytes, the first within the budget (confirmed held out) written
-with the search in its manifest; a budget nothing meets is a one-line error naming the closest candidate."""
+with the search in its manifest, or with --prefer speed the fastest of those within it, timed here; a budget nothing
+meets is a one-line error naming the closest candidate."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def test_candidates_are_ordered_by_estimated_bytes():
     assert [o for o, _ in order] == [o for o, _ in rs.CANDIDATES]  # the table is written smallest first
     four, eight = (rs.estimated_bytes(QuantizeRecipe("weight-only", bits=b), shape) for b in (4, 8))
     assert 0.5 < four / eight < 0.75  # 4-bit linears, the 8-bit tied embedding
+
+
+def test_prefer_speed_adds_the_wider_blocks():
+    wider = [o for o, f in rs.SPEED_CANDIDATES if f.get("block_size", 32) > 32]
+    assert {o.split()[-1] for o in wider} == {"64", "128"} and {o.split()[1] for o in wider} == {"4", "8"}
+    assert {o for o, _ in rs.CANDIDATES} < {o for o, _ in rs.SPEED_CANDIDATES}
 
 
 def test_split_text_cuts_at_a_paragraph():
@@ -88,8 +95,54 @@ def test_cli_refusals(gpt2_model_dir, tmp_path):
         (["--max-kl", "0.001"], "--max-kl needs --calibration TEXT_FILE", 2),
         (["--max-kl", "0.001", "--method", "weight-only", "--calibration", CALIBRATION], "give it no --method", 2),
         (["--max-kl", "-1", "--calibration", CALIBRATION], "--max-kl must be a positive KL", 2),
-        (["--max-kl", "0.001", "--calibration", CALIBRATION, "--prefer", "speed"], "Invalid value for '--prefer'", 2),
+        (["--max-kl", "0.001", "--calibration", CALIBRATION, "--prefer", "fastest"], "Invalid value for '--prefer'", 2),
     ]:
         result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"), *args])
         assert result.exit_code == code and message in result.output, result.output
         assert result.output.strip().splitlines()[-1].startswith("Error: ") and not (tmp_path / "x").exists()
+
+
+NARROW = (("--bits 4", dict(bits=4)), ("--bits 4 --block-size 16", dict(bits=4, block_size=16)))  # tiny: n_embd 32
+
+
+def test_prefer_speed_times_every_candidate_within_the_budget_and_writes_the_fastest(gpt2_model_dir, tmp_path):
+    result = CliRunner().invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "q"), "--max-kl", "10",
+                                       "--calibration", CALIBRATION, "--prefer", "speed"])
+    assert result.exit_code == 0, result.output
+    s = read_manifest(tmp_path / "q").quantization.search
+    assert s.prefer == "speed" and "tok/s here (the fastest of" in result.output
+    timed = [c for c in s.candidates if c.decode_tok_s is not None]
+    assert len(timed) >= 2 and all(c.kl_held_out is not None and c.kl_held_out <= 10 * rs.HELD_OUT_SLACK
+                                   for c in timed)  # only candidates within the budget are timed
+    assert s.chosen == max(timed, key=lambda c: c.decode_tok_s).options
+    load(tmp_path / "q", device="cpu")
+    assert not list(Path(tmp_path).glob(".max-kl-*"))
+
+
+def test_prefer_speed_writes_the_fastest_even_when_it_is_larger(gpt2_model_dir, tmp_path, monkeypatch):
+    rates = {}
+
+    def timer(dirs, vocab, threads, rounds=rs.TIMING_ROUNDS):  # the larger dir (more bytes) is the faster one here
+        sizes = [sum(f.stat().st_size for f in d.rglob("*")) for d in dirs]
+        rates.update({d.name: float(size) for d, size in zip(dirs, sizes, strict=True)})
+        return sizes
+
+    monkeypatch.setattr(rs, "time_candidates", timer)
+    m = rs.search_recipe(gpt2_model_dir, tmp_path / "q", 10.0, Path(CALIBRATION).read_text(), prefer="speed",
+                         candidates=NARROW)
+    s = m.quantization.search
+    assert [c.options for c in s.candidates] == ["--bits 4", "--bits 4 --block-size 16"]  # smallest first
+    assert s.chosen == "--bits 4 --block-size 16" and m.quantization.block_size == 16 and len(rates) == 2
+    assert [c.decode_tok_s for c in s.candidates] == [rates["c0"], rates["c1"]]
+    size = rs.search_recipe(gpt2_model_dir, tmp_path / "s", 10.0, Path(CALIBRATION).read_text(), candidates=NARROW)
+    assert size.quantization.search.chosen == "--bits 4"  # --prefer size: the smallest
+
+
+def test_prefer_speed_stops_past_the_bytes_cap(gpt2_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(rs, "time_candidates", lambda dirs, vocab, threads: [1.0] * len(dirs))
+    text = Path(CALIBRATION).read_text()
+    both = rs.search_recipe(gpt2_model_dir, tmp_path / "a", 10.0, text, prefer="speed", candidates=TWO)
+    assert len(both.quantization.search.candidates) == 2  # 8-bit is within the default cap of the 4-bit's bytes
+    monkeypatch.setattr(rs, "SPEED_BYTES_CAP", 1.001)  # the tiny shape: 8-bit is 1.007x 4-bit
+    m = rs.search_recipe(gpt2_model_dir, tmp_path / "q", 10.0, text, prefer="speed", candidates=TWO)
+    assert [c.options for c in m.quantization.search.candidates] == ["--bits 4"]  # past the cap: never quantized
