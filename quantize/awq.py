@@ -73,7 +73,9 @@ def exposed_session(model: onnx.ModelProto, names: list[str], path: Path):
 
     model.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
     onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".data")
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # ORT warns that logits_to_keep is an input with a default: noise to users
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
 def window_feeds(session, manifest: Manifest, ids: np.ndarray) -> dict[str, np.ndarray]:
