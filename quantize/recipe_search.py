@@ -8,10 +8,13 @@ their estimated bytes, smallest first. A candidate FAR x over K skips the larger
 - size: the first whose KL(fp32 || q) on the calibration windows is within K and whose held-out KL is within
   HELD_OUT_SLACK x K is written, and the search stops there.
 - speed: the space adds wider blocks (SPEED_CANDIDATES: fewer scale bytes, and on CPUs whose int8 dot products make
-  MatMulNBits compute-bound at blocks of 32 a faster kernel per byte); every candidate within the budget is kept
-  (up to SPEED_BYTES_CAP x the smallest one's bytes: batch-1 decode reads every weight once a token), then timed
-  on this machine, interleaved over TIMING_ROUNDS rounds (greedy decode, batch 1, seeded prompt ids), and the one
-  with the highest median tok/s is written.
+  MatMulNBits compute-bound at blocks of 32 a faster kernel per byte); every candidate within the budget is kept,
+  then timed on this machine, interleaved over TIMING_ROUNDS rounds (greedy decode, batch 1, seeded prompt ids),
+  and the one with the highest median tok/s is written. Pruned (batch-1 decode reads every weight once a token):
+  a candidate over SPEED_BYTES_CAP x the smallest qualifying one's bytes ends the search, and one whose block size
+  a smaller qualifying candidate already has is skipped (the same block size's kernel, more bytes: at 4 and at 8
+  bits alike, measured per byte in benchmarks/results/zen4-2026-11-27.md and 8bit-decode-2026-11-26.md, the 4-bit
+  layout of a block size is the faster), so a loose budget tries one candidate per block size.
 The manifest's quantization.search records the budget, every candidate tried (options, bytes, KL, tok/s where
 timed) and the chosen one; a budget no candidate meets is a one-line error naming the closest.
 """
@@ -161,13 +164,17 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
     hopeless: set[int] = set()  # widths (bits) ruled out by a candidate FAR over the budget
     within: list[tuple[int, Path]] = []  # --prefer speed: (index in tried, dir) of the candidates within the budget
     floor: float | None = None  # --prefer speed: the estimated bytes of the smallest of them
+    qualified_blocks: set[int] = set()  # --prefer speed: their block sizes
     try:
         with gptq.factor_cache(scratch / "gptq-factors"):  # the GPTQ candidates share H and its factors
             for i, (opts, recipe) in enumerate(recipes):
                 if recipe.bits in hopeless:
                     continue
-                if floor is not None and estimated_bytes(recipe, shape) > SPEED_BYTES_CAP * floor:
+                size_guess = estimated_bytes(recipe, shape)
+                if floor is not None and size_guess > SPEED_BYTES_CAP * floor:
                     break  # sorted by bytes: the rest are larger still
+                if recipe.block_size in qualified_blocks:
+                    continue  # the same kernel's block size with fewer bytes is within K already: no faster
                 d = scratch / f"c{i}"
                 quantize_model_dir(model_dir, d, recipe, calibration_text=calibration, kv_cache=kv_cache)
                 m = read_manifest(d)
@@ -187,7 +194,8 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
                                                                tuple(tried), opts))
                 if met:
                     within.append((len(tried) - 1, d))
-                    floor = floor or estimated_bytes(recipe, shape)
+                    floor = floor or size_guess
+                    qualified_blocks.add(recipe.block_size)
                 else:
                     shutil.rmtree(d, ignore_errors=True)  # keep the scratch folder to the candidates still in play
         if within:

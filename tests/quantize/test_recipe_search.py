@@ -141,8 +141,21 @@ def test_prefer_speed_writes_the_fastest_even_when_it_is_larger(gpt2_model_dir, 
 def test_prefer_speed_stops_past_the_bytes_cap(gpt2_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(rs, "time_candidates", lambda dirs, vocab, threads: [1.0] * len(dirs))
     text = Path(CALIBRATION).read_text()
-    both = rs.search_recipe(gpt2_model_dir, tmp_path / "a", 10.0, text, prefer="speed", candidates=TWO)
-    assert len(both.quantization.search.candidates) == 2  # 8-bit is within the default cap of the 4-bit's bytes
-    monkeypatch.setattr(rs, "SPEED_BYTES_CAP", 1.001)  # the tiny shape: 8-bit is 1.007x 4-bit
-    m = rs.search_recipe(gpt2_model_dir, tmp_path / "q", 10.0, text, prefer="speed", candidates=TWO)
+    pair = (TWO[0], ("--bits 8 --block-size 16", dict(bits=8, block_size=16)))
+    both = rs.search_recipe(gpt2_model_dir, tmp_path / "a", 10.0, text, prefer="speed", candidates=pair)
+    assert len(both.quantization.search.candidates) == 2  # within the default cap of the 4-bit's bytes
+    monkeypatch.setattr(rs, "SPEED_BYTES_CAP", 1.001)  # the tiny shape: 8-bit at 16 is ~1.02x the 4-bit's bytes
+    m = rs.search_recipe(gpt2_model_dir, tmp_path / "q", 10.0, text, prefer="speed", candidates=pair)
     assert [c.options for c in m.quantization.search.candidates] == ["--bits 4"]  # past the cap: never quantized
+
+
+def test_prefer_speed_skips_a_larger_candidate_of_a_block_size_already_within_k(gpt2_model_dir, tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr(rs, "time_candidates", lambda dirs, vocab, threads: [1.0] * len(dirs))
+    m = rs.search_recipe(gpt2_model_dir, tmp_path / "q", 10.0, Path(CALIBRATION).read_text(), prefer="speed",
+                         candidates=TWO)  # both at blocks of 32
+    assert [c.options for c in m.quantization.search.candidates] == ["--bits 4"]
+    k4 = m.quantization.search.candidates[0].kl_calibration
+    tight = rs.search_recipe(gpt2_model_dir, tmp_path / "t", k4 / 2, Path(CALIBRATION).read_text(), prefer="speed",
+                             candidates=TWO)  # the 4-bit is over K: the 8-bit one is tried and written
+    assert tight.quantization.search.chosen == "--bits 8 --awq"
