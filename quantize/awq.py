@@ -1,27 +1,34 @@
-"""Activation-aware scaling (AWQ-style, recipe awq): per input channel scales folded into the LayerNorm before a linear.
+"""Activation-aware scaling (AWQ-style, recipe awq): per input channel scales folded into the op before a linear.
 
-For a linear y = LN(x) W whose input is a LayerNorm's output alone (GPT-2: ln_1 -> attn.c_attn,
-ln_2 -> mlp.c_fc), any s > 0 per input channel gives the same y in exact arithmetic:
-LN's gamma and beta divided by s, W's rows multiplied by s. Quantizing W s instead of W spends the
-blocks' resolution on the channels whose activations are large (AWQ, Lin et al. 2023), and at
-accuracy level 4 the activations LN(x) / s that MatMulNBits quantizes per block come out flatter too.
+For linears y = A W that read an activation A (T, C) which the op making it scales per channel by initializers,
+any s > 0 per channel gives the same y in exact arithmetic: those initializers divided by s (along C), W's rows
+multiplied by s. The sites (`fold_sites`):
+- a normalization's affine: LayerNormalization's gamma and beta (GPT-2: ln_1 -> attn.c_attn, ln_2 -> mlp.c_fc;
+  GPT-NeoX), RMSNorm's gamma (SimplifiedLayerNormalization and its Skip form: Llama's input_layernorm -> the
+  packed q / k / v, post_attention_layernorm -> gate and up), their Skip forms; a Mul by a per-channel initializer
+  (RMSNorm written as plain ops);
+- a gated MLP's product act(gate) * up, read by down: up's output columns divided by s. Scaling a column of up
+  scales that column's every block, so up's own rounding does not move.
+Quantizing W s instead of W spends the blocks' resolution on the channels whose activations are large (AWQ, Lin et
+al. 2023), and at accuracy level 4 the activations A / s that MatMulNBits rounds to int8 per block come out
+flatter too (most of an 8-bit layout's error on Llama-style checkpoints).
 
-The scales are folded into gamma / beta, not applied by a new Mul before the linear: the graph keeps
-the same nodes and ops (the same kernels, no extra pass over the activations), only numbers differ.
-That is also why a loaded model cannot show it: `awq` is recorded in the manifest's recipe, but the
-graph has nothing to check it against (a LayerNorm's gamma says nothing about how it was chosen).
-The other linears (attention's c_proj after attention, the MLP's c_proj after GELU, the tied LM head
-whose weight is also the embedding) have no affine op before them to fold into, and keep s = 1.
+The scales are folded into initializers, not applied by a new Mul before the linear: the graph keeps the same
+nodes and ops (the same kernels, no extra pass over the activations), only numbers differ. That is also why a
+loaded model cannot show it: `awq` is recorded in the manifest's recipe, but the graph has nothing to check it
+against. The other linears (attention's output projection, GPT-2's MLP c_proj after GELU, a tied LM head whose
+weight is also the embedding) have no per-channel op before them to fold into, and keep s = 1.
 
-Per linear, s = mean|LN(x)|^alpha over the calibration text (normalised to a geometric mean of 1),
-alpha from ALPHAS chosen by the linear's output error on those activations, ||X W - Q(X / s) Q(W s)||^2,
-where Q of the activations is level 4's per-block int8 rounding when the recipe uses level 4. alpha 0
-(s = 1, the plain quantization) is among the candidates, so the fold never raises that error.
+Per site, s = mean|A|^alpha over the calibration text (normalised to a geometric mean of 1), alpha from ALPHAS
+chosen by the site's linears' summed output error on those activations, sum ||A W - Q(A / s) Q(W s)||^2, where Q
+of the activations is level 4's per-block int8 rounding when the recipe uses level 4. alpha 0 (s = 1, the plain
+quantization) is among the candidates, so the fold never raises that error.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,27 +50,61 @@ ALPHAS = (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 MAX_ROWS = 2048  # activation rows per linear used to choose alpha (a seeded sample of the calibration tokens)
 
 
-def ln_linear_pairs(model: onnx.ModelProto, weights: Initializers) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
-    """(LayerNormalization, the linear MatMul that is its output's only reader), where the LayerNorm's gamma and beta
-    are initializers that no other node reads: where a per-channel scale folds without touching anything else."""
+# normalization op -> the inputs that scale its output per channel after normalizing (gamma, beta)
+NORM_AFFINE = {"LayerNormalization": (1, 2), "SimplifiedLayerNormalization": (1,),
+               "SkipLayerNormalization": (2, 3), "SkipSimplifiedLayerNormalization": (2,)}
+
+
+@dataclass(frozen=True)
+class FoldSite:
+    """activation: the tensor (T, C) the linears read; divided: initializers whose last axis is C, divided by s
+    for the fold; linears: the MatMuls reading `activation` as input 0, their weights (C, N) multiplied by s."""
+    activation: str
+    divided: tuple[str, ...]
+    linears: tuple[onnx.NodeProto, ...]
+
+
+def fold_sites(model: onnx.ModelProto, weights: Initializers) -> list[FoldSite]:
+    """Every place a per-channel scale folds without touching anything else: the op making the activation scales it
+    by initializers no other node reads, and every reader of the activation is a linear (or a Shape) whose 2-D
+    weight no other node reads. In graph order, so a later site's `divided` may be an earlier site's linear (up)."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in model.graph.node:
         for i in n.input:
             readers.setdefault(i, []).append(n)
+    producer = {o: n for n in model.graph.node for o in n.output}
     outputs = {o.name for o in model.graph.output}
-    pairs = []
-    for ln in model.graph.node:
-        if ln.op_type != "LayerNormalization" or len(ln.input) < 3 or ln.output[0] in outputs:
+
+    def own(name: str) -> bool:  # an initializer only one node reads
+        return name in weights and len(readers.get(name, [])) == 1
+
+    def linear(n: onnx.NodeProto, act: str) -> bool:
+        return (n.op_type == "MatMul" and n.input[0] == act and own(n.input[1])
+                and len(weights.shape(n.input[1])) == 2)
+
+    sites = []
+    for n in model.graph.node:
+        act = n.output[0] if n.output else ""
+        divided: tuple[str, ...] = ()
+        if n.op_type in NORM_AFFINE:
+            divided = tuple(n.input[i] for i in NORM_AFFINE[n.op_type] if i < len(n.input) and n.input[i])
+        elif n.op_type == "Mul" and len(n.input) == 2:
+            for x in n.input:
+                up = producer.get(x)
+                if own(x) and len(weights.shape(x)) == 1:  # RMSNorm's gamma as a plain Mul
+                    divided = (x,)
+                elif up is not None and linear(up, up.input[0]) and len(readers.get(x, [])) == 1:
+                    divided = (up.input[1],)  # act(gate) * up -> down: up's columns
+                if divided:
+                    break
+        if not divided or act in outputs or not all(own(d) for d in divided):
             continue
-        users = readers.get(ln.output[0], [])
-        if len(users) != 1 or users[0].op_type != "MatMul" or users[0].input[0] != ln.output[0]:
-            continue
-        lin = users[0]
-        if lin.input[1] not in weights or len(weights.shape(lin.input[1])) != 2:
-            continue
-        if all(p in weights and len(readers[p]) == 1 for p in ln.input[1:3]):
-            pairs.append((ln, lin))
-    return pairs
+        users = readers.get(act, [])
+        linears = tuple(u for u in users if u.op_type != "Shape")
+        if linears and all(linear(u, act) for u in linears) and all(
+                weights.shape(d)[-1] == weights.shape(u.input[1])[0] for d in divided for u in linears):
+            sites.append(FoldSite(act, divided, linears))
+    return sites
 
 
 def exposed_session(model: onnx.ModelProto, names: list[str], path: Path):
@@ -85,7 +126,7 @@ def window_feeds(session, manifest: Manifest, ids: np.ndarray) -> dict[str, np.n
             if k in wanted}
 
 
-def layer_norm_outputs(model_dir: Path, manifest: Manifest, names: list[str], windows: list[np.ndarray],
+def calibration_activations(model_dir: Path, manifest: Manifest, names: list[str], windows: list[np.ndarray],
                        work_dir: Path) -> dict[str, np.ndarray]:
     """Run the fp32 graph over the calibration windows with `names` as extra outputs -> name -> (tokens, C)."""
     session = exposed_session(onnx.load(str(model_dir / manifest.model_file)), names,
@@ -113,19 +154,24 @@ def activation_blocks_int8(x: np.ndarray, block_size: int) -> np.ndarray:
     return (np.rint(b / scale) * scale).reshape(t, k).astype(np.float32)
 
 
-def choose_scale(x: np.ndarray, w: np.ndarray, bits: int, recipe: QuantizeRecipe) -> tuple[np.ndarray, float, float]:
-    """x (T, K) calibration activations, w (K, N) -> (s (K,), alpha, output error / plain's error)."""
+def choose_scale(x: np.ndarray, linears: list[tuple[np.ndarray, int]], recipe: QuantizeRecipe,
+                 ) -> tuple[np.ndarray, float, float]:
+    """x (T, K) calibration activations, linears [(w (K, N), bits)] reading them -> (s (K,), alpha, the linears'
+    summed output error / plain's)."""
     mean_abs = np.maximum(np.abs(x).mean(axis=0), 1e-6)
-    ref = x @ w
+    refs = [x @ w for w, _ in linears]
     errors = []
     for alpha in ALPHAS:
         s = mean_abs ** alpha
         s = (s / np.exp(np.log(s).mean())).astype(np.float32)  # geometric mean 1: the weights keep their scale
-        wq = dequantized((w * s[:, None]).T, bits, recipe.block_size, recipe.symmetric, recipe.scale_search).T
         xs = x / s
         if recipe.accuracy_level == 4:
             xs = activation_blocks_int8(xs, recipe.block_size)
-        errors.append((float(np.square(ref - xs @ wq).sum()), alpha, s))
+        err = 0.0
+        for (w, bits), ref in zip(linears, refs, strict=True):
+            wq = dequantized((w * s[:, None]).T, bits, recipe.block_size, recipe.symmetric, recipe.scale_search).T
+            err += float(np.square(ref - xs @ wq).sum())
+        errors.append((err, alpha, s))
     plain = errors[0][0]
     err, alpha, s = min(errors, key=lambda e: e[0])
     return s, alpha, err / plain if plain > 0 else 1.0
@@ -133,34 +179,53 @@ def choose_scale(x: np.ndarray, w: np.ndarray, bits: int, recipe: QuantizeRecipe
 
 def awq_overrides(model: onnx.ModelProto, recipe: QuantizeRecipe, manifest: Manifest, model_dir: Path,
                   text: str, work_dir: Path) -> dict[str, np.ndarray]:
-    """-> new values for the folded initializers: each LayerNorm's gamma / beta (divided by s) and its linear's
-    weight (rows multiplied by s), by initializer name; weight_only's rewrite reads them instead of the source's."""
+    """-> new values for the folded initializers by name: each site's divided ones (/ s) and its linears' weights
+    (rows * s); weight_only's rewrite reads them instead of the source's. A gated MLP's up weight takes both folds
+    (rows by its norm's s, columns by down's), in graph order."""
     weights = Initializers(model, model_dir)
-    pairs = ln_linear_pairs(model, weights)
-    if not pairs:
+    sites = fold_sites(model, weights)
+    if not sites:
         return {}
     budget = recipe.calibration_sequences * recipe.calibration_length
     windows = kv.calibration_ids(model_dir, text, budget, min(manifest.shape.context_length, recipe.calibration_length))
-    acts = layer_norm_outputs(model_dir, manifest, [ln.output[0] for ln, _ in pairs], windows, work_dir)
+    acts = calibration_activations(model_dir, manifest, [site.activation for site in sites], windows, work_dir)
     rng = np.random.default_rng(0)
-    out: dict[str, np.ndarray] = {}
     neutral = block_linears(manifest.shape.n_layer, manifest.shape.arch)
-    for ln, lin in pairs:
-        x = acts.pop(ln.output[0])
+    scales: dict[str, np.ndarray] = {}
+    for site in sites:
+        x = acts.pop(site.activation)
         if len(x) > MAX_ROWS:
             x = x[np.sort(rng.choice(len(x), MAX_ROWS, replace=False))]
-        name = lin.input[1]
-        names = (name.removesuffix(".weight"), neutral.get(name.removesuffix(".weight"), ""))
-        bits = 8 if recipe.bits == 8 or kept_at_8bit(names, recipe.keep_8bit) else recipe.bits
-        w = weights[name].astype(np.float32)
-        s, alpha, ratio = choose_scale(x.astype(np.float32), w, bits, recipe)
-        log.info("awq %s: alpha %.3f, output error %.3fx the plain quantization's", name, alpha, ratio)
-        if alpha == 0.0:
+        linears = []
+        for lin in site.linears:
+            base = lin.input[1].removesuffix(".weight")
+            kept = kept_at_8bit((base, neutral.get(base, "")), recipe.keep_8bit)
+            # the source's weights: an earlier site's fold scales only up's columns, which leaves its rounding alone
+            linears.append((weights[lin.input[1]].astype(np.float32), 8 if recipe.bits == 8 or kept else recipe.bits))
+        s, alpha, ratio = choose_scale(x.astype(np.float32), linears, recipe)
+        log.info("awq %s: alpha %.3f, output error %.3fx the plain quantization's",
+                 " + ".join(lin.input[1] for lin in site.linears), alpha, ratio)
+        if alpha != 0.0:
+            scales[site.activation] = s
+    return folded(sites, scales, weights)
+
+
+def folded(sites: list[FoldSite], scales: dict[str, np.ndarray], weights: Initializers) -> dict[str, np.ndarray]:
+    """The fold of per-site scales (activation -> s (C,)): new values by initializer name. In site order, so a gated
+    MLP's up weight takes both folds: rows * its norm's s, columns / down's s."""
+    out: dict[str, np.ndarray] = {}
+
+    def current(name: str) -> np.ndarray:
+        return out[name] if name in out else weights[name].astype(np.float32)
+
+    for site in sites:
+        s = scales.get(site.activation)
+        if s is None:
             continue
-        gamma, beta = ln.input[1], ln.input[2]
-        out[gamma] = (weights[gamma] / s).astype(np.float32)
-        out[beta] = (weights[beta] / s).astype(np.float32)
-        out[name] = (w * s[:, None]).astype(np.float32)
+        for name in site.divided:
+            out[name] = (current(name) / s).astype(np.float32)  # along the last axis: C
+        for lin in site.linears:
+            out[lin.input[1]] = (current(lin.input[1]) * s[:, None]).astype(np.float32)
     return out
 
 

@@ -22,7 +22,7 @@ from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_
 
 from . import int8_math as qm
 from . import nbit_math as nm
-from .awq import awq_overrides, ln_linear_pairs
+from .awq import awq_overrides, fold_sites
 from .base import Method, Quantized, QuantizeJob, Storage
 from .gptq import gptq_blocks
 from .fp16 import ACTIVATIONS as FP16_ACTIVATIONS
@@ -186,10 +186,10 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
-    if rc.awq and not ln_linear_pairs(job.model, Initializers(job.model, job.model_dir)):
-        # RMSNorm written as plain ops (the graph has no LayerNormalization to fold scales into). The
+    if rc.awq and not fold_sites(job.model, Initializers(job.model, job.model_dir)):
+        # no normalization's affine or gated product feeds only linears: nothing to fold scales into. The
         # manifest records the recipe as applied, so without awq
-        log.warning("--awq: no LayerNormalization feeds a linear alone in this graph; quantizing without it")
+        log.warning("--awq: no normalization or gated product feeds only linears in this graph; quantizing without it")
         rc = replace(rc, awq=False)
     overrides = (awq_overrides(job.model, rc, job.manifest, job.model_dir, job.calibration_text, job.work_dir)
                  if rc.awq else None)
@@ -220,8 +220,8 @@ def storage(recipe: QuantizeRecipe) -> Storage:
     shape = "(V, C/bs, bs)" if recipe.embedding_bits == 8 else "(V, C/bs, bs/2), two weights per byte"
     kept = (f"; at 8 bits, symmetric: {', '.join(recipe.keep_8bit)}" if recipe.keep_8bit else "")
     kept += "; scales and zero points by least squared error" if recipe.scale_search == "mse" else ""
-    kept += ("; activation-aware input-channel scales folded into the LayerNorms before the linears they feed"
-             if recipe.awq else "")
+    kept += ("; activation-aware input-channel scales folded into the LayerNorms / RMSNorms before the linears they "
+             "feed (and a gated MLP's up projection, before down)" if recipe.awq else "")
     kept += ("; the linears' weights rounded by GPTQ (second-order, on the calibration text's activations)"
              if recipe.gptq else "")
     return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "

@@ -18,6 +18,9 @@ from click.testing import CliRunner
 from gptedge import runtime
 from gptedge.cli import main
 from gptedge.export.exporter import export_checkpoint
+from gptedge.onnx_files import Initializers
+from gptedge.quantize import awq
+from gptedge.runtime.modeldir.manifest import read_manifest
 from gptedge.runtime.modeldir.recipe import block_linears
 from gptedge.runtime.registry import FAMILIES
 
@@ -243,15 +246,50 @@ def test_serve_pool_decodes_gqa_with_a_quantized_cache(gqa_caches, cache):
     assert pool_greedy(model, PROMPTS[0], 12) == want
 
 
-def test_awq_on_rmsnorm_is_recorded_as_not_applied(fp32_dirs, root, tmp_path):
-    """AWQ folds its scales into a LayerNormalization before a linear; Llama's RMSNorm is none (SimplifiedLayerNorm-
-    alization on kv_buffer, plain ops on standard): the dir is quantized without it and its manifest says so."""
-    out = tmp_path / "awq"
-    said = quantize(fp32_dirs["gqa2-linear"], out, "--method", "weight-only", "--bits", "4", "--awq", "--calibration",
-             str(ROOT / "samples" / "calibration" / "emma_ch1-4.txt"), "--calibration-length", "32",
-             "--calibration-sequences", "2")
-    assert json.loads((out / "gptedge.json").read_text())["quantization"]["awq"] is False
-    assert "(weight-only, 4-bit, embedding 8-bit): " in said
+@pytest.mark.parametrize("variant", list(UNTIED))
+def test_the_awq_fold_sites_of_each_family_leave_its_fp32_graph_equivalent(variant, fp32_dirs, tmp_path):
+    """AWQ's scales fold into RMSNorm's gamma (Simplified / SkipSimplifiedLayerNormalization on kv_buffer, a Mul by
+    gamma on standard), GPT-NeoX's LayerNorms and a gated MLP's act(gate) * up (up's columns): the block linears
+    after those read a site (not the attention output projection, nor NeoX's down after GELU), and random scales
+    at every site (a gated up folded twice) leave the fp32 graph's logits where they were."""
+    model_dir = fp32_dirs[variant]
+    model = onnx.load(str(model_dir / "model.onnx"))
+    weights = Initializers(model, model_dir)
+    sites = awq.fold_sites(model, weights)
+    read = {lin.input[1].removesuffix(".weight") for site in sites for lin in site.linears}
+    arch = json.loads((model_dir / "gptedge.json").read_text())["shape"]["arch"]
+    scaled = ("attention.qkv", "mlp.up") if arch == "gpt_neox" else ("attention.qkv", "mlp.gate", "mlp.up", "mlp.down")
+    expected = {name for name, neutral in block_linears(2, arch).items() if neutral.endswith(scaled)}
+    assert read == expected, (sorted(read), sorted(expected))
+    rng = np.random.default_rng(5)
+    scales = {site.activation: rng.uniform(0.25, 4, weights.shape(site.divided[0])[-1]).astype(np.float32)
+              for site in sites}
+    folded = awq.with_overrides(model, awq.folded(sites, scales, weights), model_dir)
+    manifest = read_manifest(model_dir)
+    ids = np.random.default_rng(6).integers(3, 320, (1, 12)).astype(np.int64)
+    base, got = (session.run(["logits"], awq.window_feeds(session, manifest, ids))[0] for session in (
+        awq.exposed_session(onnx.load(str(model_dir / "model.onnx")), [], tmp_path / "base.onnx"),
+        awq.exposed_session(folded, [], tmp_path / "folded.onnx")))
+    assert np.abs(base).max() > 0.1
+    np.testing.assert_allclose(got, base, atol=1e-4, rtol=0)
+
+
+def test_awq_on_a_llama_dir_is_applied_and_recorded(fp32_dirs, tmp_path):
+    """--awq on Llama's kv_buffer graph: applied (the manifest says so, RMSNorm gammas changed, op for op the same
+    graph as without it), and the dir loads."""
+    args = ("--method", "weight-only", "--bits", "8", "--calibration",
+            str(ROOT / "samples" / "calibration" / "emma_ch1-4.txt"), "--calibration-length", "32",
+            "--calibration-sequences", "2")
+    said = quantize(fp32_dirs["gqa2-linear"], tmp_path / "awq", *args, "--awq")
+    quantize(fp32_dirs["gqa2-linear"], tmp_path / "plain", *args[:4], "--scale-search", "mse")
+    assert json.loads((tmp_path / "awq" / "gptedge.json").read_text())["quantization"]["awq"] is True
+    assert "awq)" in said
+    graphs = {d: onnx.load(str(tmp_path / d / "model.onnx")) for d in ("awq", "plain")}
+    assert [n.op_type for n in graphs["awq"].graph.node] == [n.op_type for n in graphs["plain"].graph.node]
+    gammas = {d: {t.name: onnx.numpy_helper.to_array(t) for t in g.graph.initializer if "layernorm" in t.name}
+              for d, g in graphs.items()}
+    assert gammas["awq"] and any(not np.allclose(gammas["awq"][n], gammas["plain"][n]) for n in gammas["awq"])
+    runtime.load(tmp_path / "awq", device="cpu")
 
 
 def test_gptq_rounds_every_llama_linear_and_leaves_the_head(fp32_dirs, tmp_path):

@@ -100,10 +100,14 @@ def run(model, x):
 def test_the_awq_fold_leaves_the_fp32_graph_equivalent():
     """gamma / s, beta / s and W's rows * s: the same outputs in fp32, for any positive s (before quantization)."""
     model, inits = ln_linear_model()
-    pairs = awq.ln_linear_pairs(model, Initializers(model))
-    assert [(ln.name, lin.name) for ln, lin in pairs] == [("ln", "lin")]  # the MatMul on x has no LayerNorm before it
+    sites = awq.fold_sites(model, Initializers(model))
+    assert [(site.activation, site.divided, [n.name for n in site.linears]) for site in sites] == [
+        ("ln", ("g", "b"), ["lin"])]  # the MatMul on x has no LayerNorm before it
     s = np.random.default_rng(1).uniform(0.2, 5, 64).astype(np.float32)
-    folded = awq.with_overrides(model, {"g": inits["g"] / s, "b": inits["b"] / s, "w": inits["w"] * s[:, None]}, None)
+    overrides = awq.folded(sites, {"ln": s}, Initializers(model))
+    assert set(overrides) == {"g", "b", "w"}
+    np.testing.assert_allclose(overrides["w"], inits["w"] * s[:, None], rtol=1e-6)
+    folded = awq.with_overrides(model, overrides, None)
     x = np.random.default_rng(2).standard_normal((16, 64)).astype(np.float32) * 3
     (y0, z0), (y1, z1) = run(model, x), run(folded, x)
     np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
@@ -117,7 +121,7 @@ def test_awq_chooses_a_scale_that_lowers_the_output_error_on_an_outlier_channel(
     x[:, 5] *= 30  # one input channel far larger than the rest, as LayerNorm outputs of trained GPT-2s have
     w = rng.standard_normal((64, 32)).astype(np.float32) * 0.05
     recipe = QuantizeRecipe("weight-only", bits=4, accuracy_level=0)
-    s, alpha, ratio = awq.choose_scale(x, w, 4, recipe)
+    s, alpha, ratio = awq.choose_scale(x, [(w, 4)], recipe)
     assert alpha > 0 and ratio < 0.9 and s[5] == s.max()
     # the error it reports is the one it gets
     wq = awq.dequantized((w * s[:, None]).T, 4, 32, recipe.symmetric, "range").T
