@@ -93,11 +93,12 @@ def fold_sites(model: onnx.ModelProto, weights: Initializers) -> list[FoldSite]:
                 up = producer.get(x)
                 if own(x) and len(weights.shape(x)) == 1:  # RMSNorm's gamma as a plain Mul
                     divided = (x,)
-                elif up is not None and linear(up, up.input[0]) and len(readers.get(x, [])) == 1:
+                elif (up is not None and linear(up, up.input[0]) and len(readers.get(x, [])) == 1
+                      and x not in outputs):
                     divided = (up.input[1],)  # act(gate) * up -> down: up's columns
                 if divided:
                     break
-        if not divided or act in outputs or not all(own(d) for d in divided):
+        if not divided or act in outputs or not all(own(d) and weights.shape(d) for d in divided):  # 0-D: no C
             continue
         users = readers.get(act, [])
         linears = tuple(u for u in users if u.op_type != "Shape")

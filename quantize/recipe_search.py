@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from gptedge import runtime
 from gptedge.atomic import check_output
@@ -43,6 +44,7 @@ from gptedge.runtime.modeldir.tokenizer import encode
 
 from . import gptq
 from .quantizer import quantize_model_dir
+from .weight_only import linear_widths
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +155,9 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
     if candidates is None:
         candidates = SPEED_CANDIDATES if prefer == "speed" else CANDIDATES
     recipes = [(opts, QuantizeRecipe("weight-only", **fields)) for opts, fields in candidates]
-    recipes = [(opts, r) for opts, r in recipes if shape.n_embd % r.block_size == 0]
+    graph = onnx.load(str(model_dir / read_manifest(model_dir).model_file), load_external_data=False)
+    widths = set(linear_widths(graph, model_dir).values()) | {shape.n_embd}  # every K: the MLP width too
+    recipes = [(opts, r) for opts, r in recipes if all(k % r.block_size == 0 for k in widths)]
     recipes.sort(key=lambda c: estimated_bytes(c[1], shape))
     calibration, held_out = split_text(text)
     ref = runtime.load(model_dir, device="cpu")

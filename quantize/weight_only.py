@@ -184,8 +184,22 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
                                        f"({next(iter(names))})")
 
 
+def linear_widths(model: onnx.ModelProto, base_dir: Path | None) -> dict[str, int]:
+    """K of every linear the rewrite turns into MatMulNBits, by weight name: n_embd, and the MLP width for the MLP's
+    second linear (not in the manifest's shape)."""
+    weights = Initializers(model, base_dir)
+    return {n.input[1]: weights.shape(n.input[1])[0] for n in model.graph.node
+            if n.op_type == "MatMul" and n.input[1] in weights and len(weights.shape(n.input[1])) == 2}
+
+
 def apply(job: QuantizeJob) -> Quantized:
     rc = job.recipe
+    widths = linear_widths(job.model, job.model_dir)
+    for name, k in widths.items():  # before AWQ / GPTQ round in blocks: check() saw n_embd, not the MLP width
+        if k % rc.block_size:
+            fit = [b for b in (16, 32, 64, 128, 256) if all(w % b == 0 for w in widths.values())]
+            raise InvalidArgumentError(f"--block-size {rc.block_size} does not divide {name}'s K={k}: choose "
+                                       f"{', '.join(map(str, fit)) or 'a power of two >= 16 that divides every K'}")
     if rc.awq and not fold_sites(job.model, Initializers(job.model, job.model_dir)):
         # no normalization's affine or gated product feeds only linears: nothing to fold scales into. The
         # manifest records the recipe as applied, so without awq
@@ -220,8 +234,8 @@ def storage(recipe: QuantizeRecipe) -> Storage:
     shape = "(V, C/bs, bs)" if recipe.embedding_bits == 8 else "(V, C/bs, bs/2), two weights per byte"
     kept = (f"; at 8 bits, symmetric: {', '.join(recipe.keep_8bit)}" if recipe.keep_8bit else "")
     kept += "; scales and zero points by least squared error" if recipe.scale_search == "mse" else ""
-    kept += ("; activation-aware input-channel scales folded into the LayerNorms / RMSNorms before the linears they "
-             "feed (and a gated MLP's up projection, before down)" if recipe.awq else "")
+    kept += ("; activation-aware input-channel scales folded into the normalizations (and a gated MLP's up "
+             "projection) before the linears they feed" if recipe.awq else "")
     kept += ("; the linears' weights rounded by GPTQ (second-order, on the calibration text's activations)"
              if recipe.gptq else "")
     return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "

@@ -75,7 +75,8 @@ recipe_options = grouped(
                       "grid at 4 bits); mse, the least squared error over a wider grid and refits. Same bytes."),
     click.option("--awq", is_flag=True,
                  help="Weight-only: activation-aware input-channel scales, measured on --calibration and folded "
-                      "into the LayerNorm before each linear that reads one (same graph, same bytes)."),
+                      "into the LayerNorm / RMSNorm (or a gated MLP's up projection) before each linear that reads "
+                      "one (same graph, same bytes)."),
     click.option("--gptq", is_flag=True,
                  help="Weight-only: round each linear's weights by GPTQ's second-order updates on the activations "
                       "--calibration gives it (same graph, same bytes)."),

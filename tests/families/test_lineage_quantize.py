@@ -20,6 +20,7 @@ from gptedge.cli import main
 from gptedge.export.exporter import export_checkpoint
 from gptedge.onnx_files import Initializers
 from gptedge.quantize import awq
+from gptedge.quantize.recipe_search import search_recipe
 from gptedge.runtime.modeldir.manifest import read_manifest
 from gptedge.runtime.modeldir.recipe import block_linears
 from gptedge.runtime.registry import FAMILIES
@@ -290,6 +291,29 @@ def test_awq_on_a_llama_dir_is_applied_and_recorded(fp32_dirs, tmp_path):
               for d, g in graphs.items()}
     assert gammas["awq"] and any(not np.allclose(gammas["awq"][n], gammas["plain"][n]) for n in gammas["awq"])
     runtime.load(tmp_path / "awq", device="cpu")
+
+
+@pytest.mark.parametrize("extra", [(), ("--awq",), ("--gptq",)])
+def test_a_block_size_that_does_not_divide_the_mlp_width_is_one_line(fp32_dirs, tmp_path, extra):
+    """n_embd 64, MLP width 96: blocks of 64 pass the manifest's check but not down's K. Refused in one line naming
+    the linear and the sizes that fit, before AWQ or GPTQ round anything (they raised numpy's reshape error)."""
+    calibration = ("--calibration", str(ROOT / "samples" / "calibration" / "emma_ch1-4.txt"))
+    result = CliRunner().invoke(main, ["quantize", str(fp32_dirs["gqa2-linear"]), "-o", str(tmp_path / "out"),
+                                       "--method", "weight-only", "--block-size", "64", *extra,
+                                       *(calibration if extra else ())])
+    assert result.exit_code == 2, result.output
+    assert "--block-size 64 does not divide h.0.mlp.down_proj.weight's K=96: choose 16, 32" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_the_search_skips_a_block_size_the_mlp_width_refuses(fp32_dirs, tmp_path):
+    """--max-kl's candidates at blocks of 64 fit n_embd 64 but not the MLP's 96: never tried (they made the whole
+    search fail), and a loose budget takes the smaller candidate that fits."""
+    candidates = (("--bits 4 --gptq --block-size 64", dict(bits=4, gptq=True, block_size=64)),
+                  ("--bits 8 --awq", dict(bits=8, awq=True)))
+    manifest = search_recipe(fp32_dirs["gqa2-linear"], tmp_path / "q", 10.0, CALIBRATION, candidates=candidates)
+    assert [c.options for c in manifest.quantization.search.candidates] == ["--bits 8 --awq"]
+    assert manifest.quantization.awq is True  # AWQ applies to a Llama graph now (before: dropped, with a warning)
 
 
 def test_gptq_rounds_every_llama_linear_and_leaves_the_head(fp32_dirs, tmp_path):

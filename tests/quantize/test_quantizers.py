@@ -115,6 +115,35 @@ def test_the_awq_fold_leaves_the_fp32_graph_equivalent():
     assert np.abs(numpy_helper.to_array(folded.graph.initializer[0]) - inits["g"]).max() > 0.1  # really changed
 
 
+def gated_model(up_is_output: bool) -> onnx.ModelProto:
+    """x -> (x Wg -> Sigmoid) * (x Wu) -> MatMul(Wd): a gated MLP; with up_is_output, up's product is also a graph
+    output (dividing Wu's columns would change it)."""
+    rng = np.random.default_rng(4)
+    inits = {"wg": rng.standard_normal((8, 16)), "wu": rng.standard_normal((8, 16)), "wd": rng.standard_normal((16, 8))}
+    nodes = [helper.make_node("MatMul", ["x", "wg"], ["g"], name="gate"), helper.make_node("Sigmoid", ["g"], ["a"]),
+             helper.make_node("MatMul", ["x", "wu"], ["u"], name="up"),
+             helper.make_node("Mul", ["a", "u"], ["p"], name="product"),
+             helper.make_node("MatMul", ["p", "wd"], ["y"], name="down")]
+    outputs = ["y", "u"] if up_is_output else ["y"]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+                              [numpy_helper.from_array(v.astype(np.float32), n) for n, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_gated_products_scale_folds_into_ups_columns_unless_up_is_an_output():
+    model = gated_model(up_is_output=False)
+    sites = awq.fold_sites(model, Initializers(model))
+    assert [(site.activation, site.divided, [n.name for n in site.linears]) for site in sites] == [
+        ("p", ("wu",), ["down"])]
+    s = np.random.default_rng(1).uniform(0.2, 5, 16).astype(np.float32)
+    folded = awq.with_overrides(model, awq.folded(sites, {"p": s}, Initializers(model)), None)
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(folded, x)[0], run(model, x)[0], rtol=1e-4, atol=1e-4)
+    model = gated_model(up_is_output=True)
+    assert awq.fold_sites(model, Initializers(model)) == []
+
+
 def test_awq_chooses_a_scale_that_lowers_the_output_error_on_an_outlier_channel():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((512, 64)).astype(np.float32)
@@ -171,7 +200,7 @@ def test_cli_awq_folds_scales_into_the_layernorms_and_the_manifest_says_so(gpt2_
     same_ops = [[n.op_type for n in onnx.load(str(tmp_path / d / "model.onnx")).graph.node] for d in ("plain", "awq")]
     assert same_ops[0] == same_ops[1]  # the same graph: only numbers differ
     q = json.loads((tmp_path / "awq" / MANIFEST_NAME).read_text())["quantization"]
-    assert q["awq"] is True and q["scale_search"] == "mse" and "LayerNorms" in q["weights"]
+    assert q["awq"] is True and q["scale_search"] == "mse" and "folded into the normalizations" in q["weights"]
     assert read_manifest(tmp_path / "awq").quantization.label.endswith(", mse scales, awq")
     load(tmp_path / "awq", device="cpu")  # the dir loads: its claims hold
 
