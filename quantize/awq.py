@@ -47,7 +47,7 @@ from . import nbit_math as nm
 log = logging.getLogger(__name__)
 
 ALPHAS = (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
-MAX_ROWS = 2048  # activation rows per linear used to choose alpha (a seeded sample of the calibration tokens)
+MAX_ROWS = 2048  # activation rows per site used to choose alpha (a seeded share of each calibration window's)
 
 
 # normalization op -> the inputs that scale its output per channel after normalizing (gamma, beta)
@@ -128,14 +128,23 @@ def window_feeds(session, manifest: Manifest, ids: np.ndarray) -> dict[str, np.n
 
 
 def calibration_activations(model_dir: Path, manifest: Manifest, names: list[str], windows: list[np.ndarray],
-                       work_dir: Path) -> dict[str, np.ndarray]:
-    """Run the fp32 graph over the calibration windows with `names` as extra outputs -> name -> (tokens, C)."""
+                            work_dir: Path, max_rows: int | None = None) -> dict[str, np.ndarray]:
+    """Run the fp32 graph over the calibration windows with `names` as extra outputs -> name -> (rows, C).
+    max_rows: keep about that many rows per name, an equal seeded share of each window's positions, the rest dropped
+    as each window is run (every position of every site at once was ~3 GB for a 1B Llama at the defaults)."""
     session = exposed_session(onnx.load(str(model_dir / manifest.model_file)), names,
                               work_dir / "awq_calibration.onnx")
+    rng = np.random.default_rng(0)
+    share = None if max_rows is None else -(-max_rows // max(len(windows), 1))
     got: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for ids in windows:
+        keep = None
         for n, value in zip(names, session.run(names, window_feeds(session, manifest, ids)), strict=True):
-            got[n].append(value.reshape(-1, value.shape[-1]))
+            rows = value.reshape(-1, value.shape[-1])
+            if share is not None and len(rows) > share:
+                keep = np.sort(rng.choice(len(rows), share, replace=False)) if keep is None else keep
+                rows = rows[keep].copy()  # a copy: the window's whole output is not kept alive by a view
+            got[n].append(rows)
     return {n: np.concatenate(v) for n, v in got.items()}
 
 
@@ -189,14 +198,12 @@ def awq_overrides(model: onnx.ModelProto, recipe: QuantizeRecipe, manifest: Mani
         return {}
     budget = recipe.calibration_sequences * recipe.calibration_length
     windows = kv.calibration_ids(model_dir, text, budget, min(manifest.shape.context_length, recipe.calibration_length))
-    acts = calibration_activations(model_dir, manifest, [site.activation for site in sites], windows, work_dir)
-    rng = np.random.default_rng(0)
+    acts = calibration_activations(model_dir, manifest, [site.activation for site in sites], windows, work_dir,
+                                   max_rows=MAX_ROWS)
     neutral = block_linears(manifest.shape.n_layer, manifest.shape.arch)
     scales: dict[str, np.ndarray] = {}
     for site in sites:
         x = acts.pop(site.activation)
-        if len(x) > MAX_ROWS:
-            x = x[np.sort(rng.choice(len(x), MAX_ROWS, replace=False))]
         linears = []
         for lin in site.linears:
             base = lin.input[1].removesuffix(".weight")

@@ -185,6 +185,23 @@ def gammas(model_dir) -> dict[str, np.ndarray]:
                                                                                                   "ln_2.weight"))}
 
 
+def test_calibration_activations_keep_an_equal_share_of_each_window(gpt2_model_dir, tmp_path):
+    """max_rows: each window gives ceil(max_rows / windows) of its positions, rows of the full run's, the rest dropped
+    as it goes (all of them, every site, was gigabytes for a 1B model)."""
+    manifest = read_manifest(gpt2_model_dir)
+    windows = [np.random.default_rng(i).integers(0, 200, (1, 32)).astype(np.int64) for i in range(3)]
+    model = onnx.load(str(gpt2_model_dir / manifest.model_file))
+    names = [site.activation for site in awq.fold_sites(model, Initializers(model, gpt2_model_dir))][:2]
+    full = awq.calibration_activations(gpt2_model_dir, manifest, names, windows, tmp_path)
+    kept = awq.calibration_activations(gpt2_model_dir, manifest, names, windows, tmp_path, max_rows=40)
+    for n in names:
+        assert full[n].shape[0] == 96 and kept[n].shape == (3 * 14, full[n].shape[1])
+        for w in range(3):  # window w's share: 14 of its own 32 rows, in order
+            mine = full[n][32 * w:32 * (w + 1)]
+            picked = [np.flatnonzero((mine == row).all(axis=1)) for row in kept[n][14 * w:14 * (w + 1)]]
+            assert all(len(i) == 1 for i in picked) and np.all(np.diff([i[0] for i in picked]) > 0)
+
+
 @pytest.mark.slow  # an AWQ search through the command
 def test_cli_awq_folds_scales_into_the_layernorms_and_the_manifest_says_so(gpt2_model_dir, tmp_path):
     runner = CliRunner()
