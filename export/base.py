@@ -51,6 +51,9 @@ class Family:
     norm: Callable[[GPTConfig], nn.Module] | None = None  # the reference's ln_f; None: LayerNorm
     write_norm: Callable[[GraphWriter, str, Weights, str, GPTConfig], str] | None = None  # ln_f in the graph
     hf_prefix: str = HF_PREFIX  # the checkpoints' prefix before weight_names ("" where they name it in full)
+    # A constant the token embeddings are multiplied by before the first block (gemma.py: sqrt(n_embd)); the tied
+    # LM head reads the unscaled table. None: no scale.
+    embedding_scale: Callable[[GPTConfig], float] | None = None
 
     def our_name(self, key: str) -> str:
         """HF key -> reference parameter name ('transformer.h.0.attn.c_attn.weight' -> 'h.0.attn.c_attn.weight')."""

@@ -13,6 +13,7 @@ See base.py for what a family module supplies.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,16 +216,18 @@ def silu(g: GraphWriter, x: str, name: str) -> str:
     return g.one("Mul", [x, g.one("Sigmoid", [x])], name=name)
 
 
-def write_blocks(g: GraphWriter, h: str, w: Weights, cfg: GPTConfig, attention: AttentionWriter) -> str:
+def write_blocks(g: GraphWriter, h: str, w: Weights, cfg: GPTConfig, attention: AttentionWriter,
+                 gate: Callable[[GraphWriter, str, str], str] = silu) -> str:
     """h (B, S, C) token embeddings -> the last block's output (B, S, C), before the final norm. Each residual add
-    but the last is written with the RMSNorm after it (graph_rotary.residual_rms_norm: one node in a contrib graph)."""
+    but the last is written with the RMSNorm after it (graph_rotary.residual_rms_norm: one node in a contrib graph).
+    gate: the MLP gate's activation (g, x, node name) -> y (gemma.py's is a GELU)."""
     eps = cfg.layer_norm_epsilon
     x = rms_norm(g, h, w, "h.0.input_layernorm", eps)
     for i in range(cfg.n_layer):
         p = f"h.{i}"
         x, h = residual_rms_norm(g, attention(x, w, i), h, w, f"{p}.post_attention_layernorm", eps,
                                  name=f"{p}.attn.residual")
-        act = silu(g, dense(g, x, w, f"{p}.mlp.gate_proj"), f"{p}.mlp.silu")
+        act = gate(g, dense(g, x, w, f"{p}.mlp.gate_proj"), f"{p}.mlp.silu")
         mlp = dense(g, g.one("Mul", [act, dense(g, x, w, f"{p}.mlp.up_proj")]), w, f"{p}.mlp.down_proj")
         if i + 1 == cfg.n_layer:
             return g.one("Add", [h, mlp], name=f"{p}.mlp.residual")

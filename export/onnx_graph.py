@@ -69,6 +69,9 @@ def build_graph(cfg: GPTConfig, weights: Weights, opset: int = DEFAULT_OPSET, fu
     wte = g.const("wte.weight", weights["wte.weight"])  # (V, C): stored once, used by Gather and the LM head
     allowed = _allowed_mask(g)
     h = g.one("Gather", [wte, C.INPUT_IDS], name="embed_tokens")  # (B, S, C)
+    if fam.embedding_scale is not None:  # after the Gather: the tied head reads the table unscaled
+        h = g.one("Mul", [h, g.const("wte.scale", np.array(fam.embedding_scale(cfg), dtype=np.float32))],
+                  name="embed_scale")
     if fam.positions == "learned":  # rotary families rotate q and k inside their attention instead
         wpe = g.const("wpe.weight", weights["wpe.weight"])  # (n_positions, C)
         h = g.one("Add", [h, g.one("Gather", [wpe, C.POSITION_IDS], name="embed_positions")])

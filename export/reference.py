@@ -30,6 +30,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.rotary = fam.positions == "rotary"  # blocks take the position ids; no learned table
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.embedding_scale = fam.embedding_scale(cfg) if fam.embedding_scale else None
         self.wpe = None if self.rotary else nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.h = nn.ModuleList(fam.block(cfg) for _ in range(cfg.n_layer))
         final = fam.norm or (lambda c: nn.LayerNorm(c.n_embd, eps=c.layer_norm_epsilon))
@@ -72,6 +73,8 @@ class GPT(nn.Module):
             position_ids = reference_positions(attention_mask)[:, P:]
         allowed = attention_allowed(attention_mask, S)  # (B, 1, S, P + S)
         h = self.wte(input_ids) if self.rotary else self.wte(input_ids) + self.wpe(position_ids)  # (B, S, C)
+        if self.embedding_scale is not None:
+            h = h * self.embedding_scale
         rotary = (position_ids,) if self.rotary else ()
         presents: list[KV] = []
         for i, block in enumerate(self.h):

@@ -158,6 +158,7 @@ FAMILIES: Registry[FamilyEntry, object] = Registry("model family", "FAMILY", {
                          older_linears=LLAMA_UNPACKED_LINEARS),
     "mistral": FamilyEntry("gptedge.export.mistral", final_norm=True, norm="rms", linears=LLAMA_LINEARS,
                            older_linears=LLAMA_UNPACKED_LINEARS),
+    "gemma": FamilyEntry("gptedge.export.gemma", final_norm=True, norm="rms", linears=LLAMA_LINEARS),
 })
 QUANTIZATION_METHODS: Registry[MethodEntry, object] = Registry("quantization method", "METHOD", {
     "dynamic": MethodEntry("gptedge.quantize.dynamic",

@@ -141,7 +141,7 @@ def test_rung4_greedy_matches_transformers_generate(exported, variant, graph):
 
 
 @pytest.mark.parametrize("graph", GRAPHS)
-@pytest.mark.parametrize("variant", ["gqa4-llama3", "neox-sequential-tied"])
+@pytest.mark.parametrize("variant", ["gqa4-llama3", "neox-sequential-tied", "gemma-mqa"])
 def test_beams_equal_transformers(checkpoints, exported, variant, graph):
     """Beam search over a left-padded batch: sequences and scores as transformers' generate(num_beams=4)."""
     prompts = [PROMPTS[0], PROMPTS[2]]

@@ -32,7 +32,7 @@ CALIBRATION = (ROOT / "samples" / "calibration" / "emma_ch1-4.txt").read_text(en
 PROMPTS = [[1, 5, 77, 140, 9, 300], [1, 200, 31, 64], [1, 250, 251, 17, 90, 91, 92, 93]]
 # (variant, graph): GQA 2:1 with an untied head; q/k/v biases; partial rotary + parallel residual
 UNTIED = {"gqa2-linear": "kv_buffer", "qwen2-qkv-bias": "standard", "neox-parallel": "kv_buffer"}
-TIED = {"gqa2-tied-bias": "standard", "neox-sequential-tied": "kv_buffer"}
+TIED = {"gqa2-tied-bias": "standard", "neox-sequential-tied": "kv_buffer", "gemma-mqa": "kv_buffer"}
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +247,7 @@ def test_serve_pool_decodes_gqa_with_a_quantized_cache(gqa_caches, cache):
     assert pool_greedy(model, PROMPTS[0], 12) == want
 
 
-@pytest.mark.parametrize("variant", list(UNTIED))
+@pytest.mark.parametrize("variant", [*UNTIED, "gemma-mqa"])
 def test_the_awq_fold_sites_of_each_family_leave_its_fp32_graph_equivalent(variant, fp32_dirs, tmp_path):
     """AWQ's scales fold into RMSNorm's gamma (Simplified / SkipSimplifiedLayerNormalization on kv_buffer, a Mul by
     gamma on standard), GPT-NeoX's LayerNorms and a gated MLP's act(gate) * up (up's columns): the block linears

@@ -57,7 +57,7 @@ def test_only_format_versions_1_to_3_are_read(written, version, shown):
 
 BAD_FIELDS = [  # (dotted field, value, words of the one-line error)
     ("precision", "int3", "precision 'int3' is not one of fp32, fp16, int8, int4"),
-    ("shape.arch", "mamba", "arch 'mamba' is not one of gpt2, openai-gpt, llama, gpt_neox, qwen2, mistral"),
+    ("shape.arch", "mamba", "arch 'mamba' is not one of gpt2, openai-gpt, llama, gpt_neox, qwen2, mistral, gemma"),
     ("shape.n_layer", 0, "shape.n_layer should be a positive integer, got 0"),
     ("shape.n_head", -4, "shape.n_head should be a positive integer, got -4"),
     ("shape.context_length", "128", "manifest.shape.context_length should be int, got '128'"),

@@ -32,6 +32,8 @@ VARIANTS = {
                                                   hidden_act="gelu_new")),
     "qwen2-qkv-bias": ("qwen2", dict(num_key_value_heads=2)),  # q/k/v biases, none on o_proj
     "mistral-gqa4": ("mistral", dict(num_key_value_heads=1, sliding_window=4096)),  # a window wider than the context
+    # (1 + w) RMSNorms, embeddings x sqrt(hidden), a tanh-GELU gate, one key/value head (Gemma 2B's MQA), tied
+    "gemma-mqa": ("gemma", dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)),
 }
 
 
@@ -47,7 +49,7 @@ def _config(family: str, overrides: dict):
         return transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig(**base)
     base.update(num_key_value_heads=2, rms_norm_eps=1e-5)
     base.update(overrides)
-    name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
+    name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "gemma": "Gemma"}[family]
     return getattr(transformers, f"{name}ForCausalLM"), getattr(transformers, f"{name}Config")(**base)
 
 
