@@ -72,9 +72,11 @@ class GPT(nn.Module):
         if position_ids is None:  # left padding: the runtime's rule (generation.positions), in torch
             position_ids = reference_positions(attention_mask)[:, P:]
         allowed = attention_allowed(attention_mask, S)  # (B, 1, S, P + S)
-        h = self.wte(input_ids) if self.rotary else self.wte(input_ids) + self.wpe(position_ids)  # (B, S, C)
-        if self.embedding_scale is not None:
+        h = self.wte(input_ids)  # (B, S, C)
+        if self.embedding_scale is not None:  # the token embeddings alone, as the graph scales its Gather
             h = h * self.embedding_scale
+        if not self.rotary:
+            h = h + self.wpe(position_ids)
         rotary = (position_ids,) if self.rotary else ()
         presents: list[KV] = []
         for i, block in enumerate(self.h):

@@ -28,6 +28,7 @@ from gptedge.runtime.modeldir.tasks import HEAD_CHOICE, HEAD_SEQUENCE
 
 from .checkpoint import load_state, read_config, read_tensors, split_head_tensors, weights_file
 from .config import GPTConfig
+from .families import family
 from .reference import GPT
 
 SUMMARY_ACTIVATIONS = {None: nn.Identity, "tanh": nn.Tanh}  # HF summary_activation -> module (the graph: Tanh op)
@@ -135,6 +136,9 @@ def load_task_checkpoint(source: str | Path) -> tuple[TaskModel, dict]:
     """A local HF checkpoint dir of a fine-tuned head -> (the reference TaskModel in eval mode, its config.json)."""
     source = Path(source)
     cfg = read_config(source)
+    if family(cfg.arch).positions != "learned":  # head_graph.py writes GPT-2's embedding, positions and LayerNorm
+        raise CheckpointError(f"{source}: a task head on a {cfg.arch} checkpoint is not supported (task heads export "
+                              "for learned-position families: gpt2, openai-gpt); export its language model instead")
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
     path = weights_file(source)
     tensors = read_tensors(path)

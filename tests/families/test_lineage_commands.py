@@ -202,3 +202,25 @@ def test_eos_ids_listed_in_generation_config_only_are_read(tmp_path):
     (source / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 7]}))
     manifest = export_checkpoint(source, tmp_path / "model", validate=False)
     assert manifest.eos_id == 2 and manifest.eos_ids == (2, 7)
+
+
+@pytest.mark.parametrize("name", ["Llama", "Gemma"])
+def test_a_task_head_on_a_rotary_family_is_refused_in_one_line(name, tmp_path):
+    """export --task writes GPT-2's embedding, learned positions and LayerNorm (export/head_graph.py): a
+    *ForSequenceClassification of a rotary family is refused by name (it raised KeyError 'wpe.weight'), and no
+    output dir is left."""
+    import transformers
+
+    config = getattr(transformers, f"{name}Config")(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
+        pad_token_id=2, num_labels=3)
+    torch.manual_seed(0)
+    getattr(transformers, f"{name}ForSequenceClassification")(config).save_pretrained(tmp_path / "ck")
+    write_tokenizer(tmp_path / "ck")
+    result = CliRunner().invoke(main, ["export", str(tmp_path / "ck"), "-o", str(tmp_path / "out"), "--task",
+                                       "classification"])
+    assert result.exit_code != 0 and result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "a task head on a " in lines[0] and "is not supported" in lines[0], result.output
+    assert not (tmp_path / "out").exists()
