@@ -4,6 +4,7 @@ round, medians per round and each dir's speedup over the first (median of the pe
 sampling or text: the graph alone, as gptedge's sessions run it (ONNX Runtime's GroupQueryAttentionFusion off).
 
     python benchmarks/decode_step_ab.py DIR_A DIR_B ... [--position 96] [--rounds 12] [--steps 30] [--threads 2]
+        [--batch 1]
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int
          "tensor(uint8)": np.uint8}
 
 
-def bound_step(model_dir: Path, position: int, threads: int, max_len: int):
-    """-> (session, binding, arrays kept alive): a one-row decode step at `position` over a zeroed cache."""
+def bound_step(model_dir: Path, position: int, threads: int, max_len: int, batch: int = 1, head_size: int = 64):
+    """-> (session, binding, arrays kept alive): a decode step of `batch` rows at `position` over a zeroed cache."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"],
@@ -29,14 +30,15 @@ def bound_step(model_dir: Path, position: int, threads: int, max_len: int):
     names = {i.name for i in session.get_inputs()}
     for i in session.get_inputs():
         if i.name.startswith("past_key_values"):  # (1, kv_heads, max_len, width): past and present, one buffer
-            shape = [1, i.shape[1], max_len, i.shape[3]]
+            width = i.shape[3] if isinstance(i.shape[3], int) else head_size  # GenAI names it kv_cache_dim
+            shape = [batch, i.shape[1], max_len, width]
             buf = np.zeros(shape, NUMPY[i.type])
             kept.append(buf)
             binding.bind_cpu_input(i.name, buf)
             binding.bind_output(i.name.replace("past_key_values", "present"), "cpu", 0, buf.dtype, shape,
                                 buf.ctypes.data)
-    feeds = {"input_ids": np.array([[42]], np.int64), "attention_mask": np.ones((1, position + 1), np.int64),
-             "position_ids": np.array([[position]], np.int64)}
+    feeds = {"input_ids": np.full((batch, 1), 42, np.int64), "attention_mask": np.ones((batch, position + 1), np.int64),
+             "position_ids": np.full((batch, 1), position, np.int64)}
     for name, array in feeds.items():
         if name in names:
             binding.bind_cpu_input(name, array)
@@ -52,8 +54,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1, help="rows in the step (every row at --position, no padding)")
+    ap.add_argument("--head-size", type=int, default=64, help="the cache's last dimension where a graph leaves it "
+                    "symbolic (GenAI's builder: kv_cache_dim)")
     args = ap.parse_args()
-    steps = [bound_step(d, args.position, args.threads, max(1024, args.position + 1)) for d in args.dirs]
+    steps = [bound_step(d, args.position, args.threads, max(1024, args.position + 1), args.batch,
+                        args.head_size) for d in args.dirs]
     ms: list[list[float]] = [[] for _ in args.dirs]
     for _ in range(args.rounds):
         for k, (session, binding, _) in enumerate(steps):
@@ -65,7 +71,8 @@ def main() -> None:
                 session.run_with_iobinding(binding)
                 times.append(time.perf_counter() - start)
             ms[k].append(float(np.median(times)) * 1e3)
-    print(f"decode step at position {args.position}, {args.threads} threads, {args.rounds} rounds x {args.steps} steps")
+    print(f"decode step at position {args.position}, batch {args.batch}, {args.threads} threads, "
+          f"{args.rounds} rounds x {args.steps} steps")
     print("| dir | median ms per round (min-max) | speedup over the first (median of rounds) |\n|---|---|---:|")
     for d, row in zip(args.dirs, ms, strict=True):
         ratio = float(np.median([a / b for a, b in zip(ms[0], row, strict=True)]))

@@ -26,12 +26,17 @@ from onnx import helper
 
 def rewritten(model: onnx.ModelProto, keep_bias: bool) -> tuple[int, int]:
     """In place: every GroupQueryAttention fed by RotaryEmbedding(q), RotaryEmbedding(k) and a Split's v takes the
-    packed projection with do_rotary=1. -> (nodes before, nodes after)."""
+    packed projection with do_rotary=1; one already in that form (gptedge's export since the rotary moved inside)
+    only loses its attention bias. -> (nodes before, nodes after)."""
     nodes = list(model.graph.node)
     producer = {out: n for n in nodes for out in n.output}
     dropped: set[int] = set()
     for node in nodes:
         if node.op_type != "GroupQueryAttention":
+            continue
+        if any(a.name == "do_rotary" and a.i == 1 for a in node.attribute):  # already the inside form: the bias only
+            if not keep_bias and len(node.input) > 10:
+                node.input[10] = ""
             continue
         rot_q, rot_k, split = (producer[node.input[k]] for k in range(3))
         if (rot_q.op_type, rot_k.op_type, split.op_type) != ("RotaryEmbedding", "RotaryEmbedding", "Split"):
