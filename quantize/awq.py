@@ -7,8 +7,8 @@ multiplied by s. The sites (`fold_sites`):
   GPT-NeoX), RMSNorm's gamma (SimplifiedLayerNormalization and its Skip form: Llama's input_layernorm -> the
   packed q / k / v, post_attention_layernorm -> gate and up), their Skip forms; a Mul by a per-channel initializer
   (RMSNorm written as plain ops);
-- a gated MLP's product act(gate) * up, read by down: up's output columns divided by s. Scaling a column of up
-  scales that column's every block, so up's own rounding does not move.
+- a gated MLP's product act(gate) * up, read by down: up's output columns (and its bias, where the MLP has one)
+  divided by s. Scaling a column of up scales that column's every block, so up's own rounding does not move.
 Quantizing W s instead of W spends the blocks' resolution on the channels whose activations are large (AWQ, Lin et
 al. 2023), and at accuracy level 4 the activations A / s that MatMulNBits rounds to int8 per block come out
 flatter too (most of an 8-bit layout's error on Llama-style checkpoints).
@@ -90,12 +90,10 @@ def fold_sites(model: onnx.ModelProto, weights: Initializers) -> list[FoldSite]:
             divided = tuple(n.input[i] for i in NORM_AFFINE[n.op_type] if i < len(n.input) and n.input[i])
         elif n.op_type == "Mul" and len(n.input) == 2:
             for x in n.input:
-                up = producer.get(x)
                 if own(x) and len(weights.shape(x)) == 1:  # RMSNorm's gamma as a plain Mul
                     divided = (x,)
-                elif (up is not None and linear(up, up.input[0]) and len(readers.get(x, [])) == 1
-                      and x not in outputs):
-                    divided = (up.input[1],)  # act(gate) * up -> down: up's columns
+                elif x not in outputs and len(readers.get(x, [])) == 1:
+                    divided = _up_projection(x, producer, readers, outputs, own, linear)
                 if divided:
                     break
         if not divided or act in outputs or not all(own(d) and weights.shape(d) for d in divided):  # 0-D: no C
@@ -106,6 +104,22 @@ def fold_sites(model: onnx.ModelProto, weights: Initializers) -> list[FoldSite]:
                 weights.shape(d)[-1] == weights.shape(u.input[1])[0] for d in divided for u in linears):
             sites.append(FoldSite(act, divided, linears))
     return sites
+
+
+def _up_projection(x: str, producer: dict, readers: dict, outputs: set, own, linear) -> tuple[str, ...]:
+    """A gated product's input x -> what divides by s to scale it per channel: the up projection's weight (its
+    columns), and its bias where an Add of an initializer follows the MatMul (Llama's mlp_bias); () if x is not a
+    linear's output."""
+    node = producer.get(x)
+    bias = ()
+    if node is not None and node.op_type == "Add" and len(node.input) == 2:
+        for y, b in (node.input, node.input[::-1]):
+            if own(b) and y not in outputs and len(readers.get(y, [])) == 1 and y in producer:
+                node, bias = producer[y], (b,)
+                break
+    if node is None or not linear(node, node.input[0]):
+        return ()
+    return (node.input[1], *bias)  # act(gate) * up -> down: up's columns (and its bias)
 
 
 def exposed_session(model: onnx.ModelProto, names: list[str], path: Path):

@@ -247,10 +247,11 @@ def test_serve_pool_decodes_gqa_with_a_quantized_cache(gqa_caches, cache):
     assert pool_greedy(model, PROMPTS[0], 12) == want
 
 
-@pytest.mark.parametrize("variant", [*UNTIED, "gemma-mqa"])
+@pytest.mark.parametrize("variant", [*UNTIED, "gemma-mqa", "gqa2-tied-bias"])
 def test_the_awq_fold_sites_of_each_family_leave_its_fp32_graph_equivalent(variant, fp32_dirs, tmp_path):
     """AWQ's scales fold into RMSNorm's gamma (Simplified / SkipSimplifiedLayerNormalization on kv_buffer, a Mul by
-    gamma on standard), GPT-NeoX's LayerNorms and a gated MLP's act(gate) * up (up's columns): the block linears
+    gamma on standard), GPT-NeoX's LayerNorms and a gated MLP's act(gate) * up (up's columns, and its bias where the
+    MLP has biases): the block linears
     after those read a site (not the attention output projection, nor NeoX's down after GELU), and random scales
     at every site (a gated up folded twice) leave the fp32 graph's logits where they were."""
     model_dir = fp32_dirs[variant]
