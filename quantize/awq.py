@@ -3,21 +3,20 @@
 For linears y = A W that read an activation A (T, C) which the op making it scales per channel by initializers,
 any s > 0 per channel gives the same y in exact arithmetic: those initializers divided by s (along C), W's rows
 multiplied by s. The sites (`fold_sites`):
-- a normalization's affine: LayerNormalization's gamma and beta (GPT-2: ln_1 -> attn.c_attn, ln_2 -> mlp.c_fc;
-  GPT-NeoX), RMSNorm's gamma (SimplifiedLayerNormalization and its Skip form: Llama's input_layernorm -> the
-  packed q / k / v, post_attention_layernorm -> gate and up), their Skip forms; a Mul by a per-channel initializer
-  (RMSNorm written as plain ops);
+- a normalization's affine: LayerNormalization's gamma and beta, RMSNorm's gamma (SimplifiedLayerNormalization),
+  their Skip forms, a Mul by a per-channel initializer (RMSNorm written as plain ops): the norm before the packed
+  q / k / v and the one before the MLP's first linear(s);
 - a gated MLP's product act(gate) * up, read by down: up's output columns (and its bias, where the MLP has one)
   divided by s. Scaling a column of up scales that column's every block, so up's own rounding does not move.
 Quantizing W s instead of W spends the blocks' resolution on the channels whose activations are large (AWQ, Lin et
 al. 2023), and at accuracy level 4 the activations A / s that MatMulNBits rounds to int8 per block come out
-flatter too (most of an 8-bit layout's error on Llama-style checkpoints).
+flatter too (most of an 8-bit layout's error where a gated MLP's product has outliers).
 
 The scales are folded into initializers, not applied by a new Mul before the linear: the graph keeps the same
 nodes and ops (the same kernels, no extra pass over the activations), only numbers differ. That is also why a
 loaded model cannot show it: `awq` is recorded in the manifest's recipe, but the graph has nothing to check it
-against. The other linears (attention's output projection, GPT-2's MLP c_proj after GELU, a tied LM head whose
-weight is also the embedding) have no per-channel op before them to fold into, and keep s = 1.
+against. The other linears (attention's output projection, an ungated MLP's second linear after GELU, a tied LM
+head whose weight is also the embedding) have no per-channel op before them to fold into, and keep s = 1.
 
 Per site, s = mean|A|^alpha over the calibration text (normalised to a geometric mean of 1), alpha from ALPHAS
 chosen by the site's linears' summed output error on those activations, sum ||A W - Q(A / s) Q(W s)||^2, where Q
@@ -82,6 +81,19 @@ def fold_sites(model: onnx.ModelProto, weights: Initializers) -> list[FoldSite]:
         return (n.op_type == "MatMul" and n.input[0] == act and own(n.input[1])
                 and len(weights.shape(n.input[1])) == 2)
 
+    def up_projection(x: str) -> tuple[str, ...]:
+        """A gated product's input x -> what divides by s to scale it per channel: the up linear's weight (its
+        columns), and its bias where an Add of an initializer follows the MatMul; () if x is no linear's output."""
+        node, bias = producer.get(x), ()
+        if node is not None and node.op_type == "Add" and len(node.input) == 2:
+            for y, b in (node.input, node.input[::-1]):
+                if own(b) and y not in outputs and len(readers.get(y, [])) == 1 and y in producer:
+                    node, bias = producer[y], (b,)
+                    break
+        if node is None or not linear(node, node.input[0]):
+            return ()
+        return (node.input[1], *bias)
+
     sites = []
     for n in model.graph.node:
         act = n.output[0] if n.output else ""
@@ -93,7 +105,7 @@ def fold_sites(model: onnx.ModelProto, weights: Initializers) -> list[FoldSite]:
                 if own(x) and len(weights.shape(x)) == 1:  # RMSNorm's gamma as a plain Mul
                     divided = (x,)
                 elif x not in outputs and len(readers.get(x, [])) == 1:
-                    divided = _up_projection(x, producer, readers, outputs, own, linear)
+                    divided = up_projection(x)  # act(gate) * up -> down
                 if divided:
                     break
         if not divided or act in outputs or not all(own(d) and weights.shape(d) for d in divided):  # 0-D: no C
@@ -104,22 +116,6 @@ def fold_sites(model: onnx.ModelProto, weights: Initializers) -> list[FoldSite]:
                 weights.shape(d)[-1] == weights.shape(u.input[1])[0] for d in divided for u in linears):
             sites.append(FoldSite(act, divided, linears))
     return sites
-
-
-def _up_projection(x: str, producer: dict, readers: dict, outputs: set, own, linear) -> tuple[str, ...]:
-    """A gated product's input x -> what divides by s to scale it per channel: the up projection's weight (its
-    columns), and its bias where an Add of an initializer follows the MatMul (Llama's mlp_bias); () if x is not a
-    linear's output."""
-    node = producer.get(x)
-    bias = ()
-    if node is not None and node.op_type == "Add" and len(node.input) == 2:
-        for y, b in (node.input, node.input[::-1]):
-            if own(b) and y not in outputs and len(readers.get(y, [])) == 1 and y in producer:
-                node, bias = producer[y], (b,)
-                break
-    if node is None or not linear(node, node.input[0]):
-        return ()
-    return (node.input[1], *bias)  # act(gate) * up -> down: up's columns (and its bias)
 
 
 def exposed_session(model: onnx.ModelProto, names: list[str], path: Path):
@@ -145,7 +141,7 @@ def calibration_activations(model_dir: Path, manifest: Manifest, names: list[str
                             work_dir: Path, max_rows: int | None = None) -> dict[str, np.ndarray]:
     """Run the fp32 graph over the calibration windows with `names` as extra outputs -> name -> (rows, C).
     max_rows: keep about that many rows per name, an equal seeded share of each window's positions, the rest dropped
-    as each window is run (every position of every site at once was ~3 GB for a 1B Llama at the defaults)."""
+    as each window is run (every position of every site at once was ~3 GB for a 1B model at the defaults)."""
     session = exposed_session(onnx.load(str(model_dir / manifest.model_file)), names,
                               work_dir / "awq_calibration.onnx")
     rng = np.random.default_rng(0)

@@ -151,11 +151,12 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
     if prefer not in PREFER:
         raise InvalidArgumentError(f"--prefer {prefer} is not offered: choose {' or '.join(PREFER)}")
     check_output(out, force, inputs=[model_dir])
-    shape = read_manifest(model_dir).shape
+    manifest = read_manifest(model_dir)
+    shape = manifest.shape
     if candidates is None:
         candidates = SPEED_CANDIDATES if prefer == "speed" else CANDIDATES
     recipes = [(opts, QuantizeRecipe("weight-only", **fields)) for opts, fields in candidates]
-    graph = onnx.load(str(model_dir / read_manifest(model_dir).model_file), load_external_data=False)
+    graph = onnx.load(str(model_dir / manifest.model_file), load_external_data=False)
     widths = set(linear_widths(graph, model_dir).values()) | {shape.n_embd}  # every K: the MLP width too
     recipes = [(opts, r) for opts, r in recipes if all(k % r.block_size == 0 for k in widths)]
     recipes.sort(key=lambda c: estimated_bytes(c[1], shape))

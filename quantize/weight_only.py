@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto
 
 from gptedge.onnx_files import Initializers
-from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
+from gptedge.runtime.errors import InvalidArgumentError
 from gptedge.runtime.modeldir.manifest import ModelShape
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
 
@@ -129,10 +129,6 @@ def rewrite_weight_only(model: onnx.ModelProto, block_size: int = 32, accuracy_l
     else:
         wte, gather, gemm = r.tied_embedding()
     vocab, width = r.weights.shape(wte)
-    for node in model.graph.node:  # every K must hold whole blocks (n_embd; the MLP width for c_proj)
-        if r.is_linear(node) and r.weights.shape(node.input[1])[0] % block_size:
-            raise QuantizationError(f"{node.input[1]}: K={r.weights.shape(node.input[1])[0]} is not a multiple "
-                                    f"of block size {block_size}")
     tied = _blocked_weight(r, wte, r.weights[wte], embedding_bits, block_size, symmetric, scale_search)
     head = tied if untied is None else _blocked_weight(r, gemm.input[1], r.weights[gemm.input[1]], embedding_bits,
                                                        block_size, symmetric, scale_search)
