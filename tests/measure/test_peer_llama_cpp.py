@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 from gptedge.cli import main
 from gptedge.measure.compare import compare
-from gptedge.measure.peers.llama_cpp import CONVERTER, SOURCE_ENV, converter_source, unpack_converter, with_n_ctx
+from gptedge.measure.peers.llama_cpp import (CONVERTER, SOURCE_ENV, convert_to_gguf, converter_source, unpack_converter,
+                                             with_n_ctx)
 from gptedge.measure.peers.score import open_peers, unavailable
 from gptedge.runtime.errors import PeerError
 
@@ -85,6 +86,35 @@ def test_llama_cpp_without_its_converter_names_where_to_get_it(monkeypatch):
     monkeypatch.delenv(SOURCE_ENV, raising=False)
     why = unavailable("llama.cpp")
     assert "convert_hf_to_gguf.py was not found" in why and SOURCE_ENV in why and "pip download" in why
+
+
+def _failing_converter(tmp_path, monkeypatch, message: str):
+    """A stand-in convert_hf_to_gguf.py whose main() raises what llama.cpp's raises on a Gemma dir without
+    tokenizer.model; the checkpoint dir holds a tokenizer.json only."""
+    script = tmp_path / "llama.cpp" / CONVERTER
+    script.parent.mkdir()
+    script.write_text(f"def main():\n    raise FileNotFoundError({message!r})\n")
+    monkeypatch.setenv(SOURCE_ENV, str(script))
+    source = tmp_path / "ckpt"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "tokenizer.json").write_text("{}")
+    work = tmp_path / "work"
+    work.mkdir()
+    return source, work
+
+
+def test_a_converter_wanting_tokenizer_model_says_to_put_it_beside_tokenizer_json(tmp_path, monkeypatch):
+    source, work = _failing_converter(tmp_path, monkeypatch, "File not found: ckpt/tokenizer.model")
+    with pytest.raises(PeerError) as caught:
+        convert_to_gguf(source, work)
+    why = str(caught.value)
+    assert "\n" not in why and "FileNotFoundError: File not found: ckpt/tokenizer.model" in why
+    assert why.endswith("put it beside tokenizer.json)")
+    (source / "tokenizer.model").write_bytes(b"")  # present, so the failure is something else: no hint
+    with pytest.raises(PeerError) as caught:
+        convert_to_gguf(source, work)
+    assert "put it beside" not in str(caught.value)
 
 
 # --- the peer itself (llama_cpp installed) -------------------------------------------------------------------

@@ -169,8 +169,18 @@ def convert_to_gguf(source: Path, work: Path) -> Path:
                           capture_output=True, text=True)
     if done.returncode != 0 or not out.is_file():
         lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        raise PeerError(f"llama.cpp's {CONVERTER} failed on {source}: {lines[-1] if lines else done.returncode}")
+        last = lines[-1] if lines else str(done.returncode)
+        raise PeerError(f"llama.cpp's {CONVERTER} failed on {source}: {last}{_missing_file_hint(last, source)}")
     return out
+
+
+def _missing_file_hint(last: str, source: Path) -> str:
+    """Why a converter that wants a SentencePiece tokenizer.model fails on a checkpoint that has tokenizer.json only:
+    for some families (Gemma) it reads the vocabulary from the .model file, not the JSON one."""
+    if "tokenizer.model" not in last or (source / "tokenizer.model").exists():
+        return ""
+    return (" (llama.cpp reads this family's vocabulary from the SentencePiece tokenizer.model its checkpoints ship; "
+            "put it beside tokenizer.json)")
 
 
 def quantize_gguf(f32: Path, recipe: str, threads: int) -> Path:
