@@ -28,6 +28,7 @@ from .gptq import gptq_blocks
 from .fp16 import ACTIVATIONS as FP16_ACTIVATIONS
 from .fp16 import to_float16
 from .rewrite import MS_DOMAIN, Rewrite
+from .rotation import rotate_down_inputs
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,10 @@ def apply(job: QuantizeJob) -> Quantized:
             fit = [b for b in (16, 32, 64, 128, 256) if all(w % b == 0 for w in widths.values())]
             raise InvalidArgumentError(f"--block-size {rc.block_size} does not divide {name}'s K={k}: choose "
                                        f"{', '.join(map(str, fit)) or 'a power of two >= 16 that divides every K'}")
+    names = block_linears(job.manifest.shape.n_layer, job.manifest.shape.arch)
+    if rc.rotate_down:  # first: AWQ and GPTQ calibrate on the rotated graph, and its down weights are the rotated ones
+        job = replace(job, model=rotate_down_inputs(job.model, Initializers(job.model, job.model_dir), names,
+                                                    rc.block_size))
     if rc.awq and not fold_sites(job.model, Initializers(job.model, job.model_dir)):
         # no normalization's affine or gated product feeds only linears: nothing to fold scales into. The
         # manifest records the recipe as applied, so without awq
@@ -203,7 +208,6 @@ def apply(job: QuantizeJob) -> Quantized:
         rc = replace(rc, awq=False)
     overrides = (awq_overrides(job.model, rc, job.manifest, job.model_dir, job.calibration_text, job.work_dir)
                  if rc.awq else None)
-    names = block_linears(job.manifest.shape.n_layer, job.manifest.shape.arch)
     rounded = (gptq_blocks(job.model, rc, job.manifest, job.model_dir, job.calibration_text, job.work_dir, overrides,
                            names) if rc.gptq else None)
     model, nodes = rewrite_weight_only(job.model, rc.block_size, rc.accuracy_level, rc.bits, rc.symmetric,
@@ -234,6 +238,8 @@ def storage(recipe: QuantizeRecipe) -> Storage:
              "projection) before the linears they feed" if recipe.awq else "")
     kept += ("; the linears' weights rounded by GPTQ (second-order, on the calibration text's activations)"
              if recipe.gptq else "")
+    kept += (f"; each MLP down projection's input rotated by a randomized Hadamard transform (blocks of "
+             f"{recipe.block_size}, float) and its weight rows by the inverse" if recipe.rotate_down else "")
     return Storage(weights=f"MatMulNBits {_layout(recipe.bits, recipe.symmetric)}, one scale per block of "
                            f"{recipe.block_size} along K{kept}",
                    activations=activations,

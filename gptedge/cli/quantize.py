@@ -27,7 +27,7 @@ _READ_BY = {"per_channel": ("--per-channel/--per-tensor", ("dynamic", "static"))
             "activation_scale": ("--activation-scale", ("dynamic",)),
             "block_size": ("--block-size", ("weight-only",)), "accuracy_level": ("--accuracy-level", ("weight-only",)),
             "scale_search": ("--scale-search", ("weight-only",)), "awq": ("--awq", ("weight-only",)),
-            "keep_8bit": ("--keep-8bit", ("weight-only",))}
+            "keep_8bit": ("--keep-8bit", ("weight-only",)), "rotate_down": ("--rotate-down", ("weight-only",))}
 
 # Options that only some methods take, and which (from their registry lines).
 _TAKEN_BY = {"--bits": lambda e: len(e.bits) > 1, "--embedding-bits": lambda e: len(e.bits) > 1,
@@ -80,6 +80,10 @@ recipe_options = grouped(
     click.option("--gptq", is_flag=True,
                  help="Weight-only: round each linear's weights by GPTQ's second-order updates on the activations "
                       "--calibration gives it (same graph, same bytes)."),
+    click.option("--rotate-down", is_flag=True,
+                 help="Weight-only: rotate each MLP down projection's input by a randomized Hadamard transform of "
+                      "the block size (its weights by the inverse: the same function), so an outlier channel no "
+                      "longer sets the rounding of its whole block. Three small ops a layer."),
     click.option("--float16", is_flag=True,
                  help="Weight-only: activations, scales and caches in fp16 (for --device cuda)."),
     click.option("--quantize-attention", is_flag=True, help="Also quantize QK^T and PV (activation products)."),
@@ -150,6 +154,7 @@ def quantize(model: str, out: str, recipe: QuantizeRecipe | None, calibration: s
         widths += ", mse scales" if recipe.scale_search == "mse" else ""
         widths += ", awq" if manifest.quantization.awq else ""  # as applied: a graph with nothing to fold drops it
         widths += ", gptq" if recipe.gptq else ""
+        widths += ", rotated down" if recipe.rotate_down else ""
         widths += ", fp16 activations" if recipe.float16 else ""
         widths += f", {kv_cache} KV cache" if kv_cache != DEFAULT_KV_CACHE else ""
         done = (f"{recipe.method}{widths}): {sum(manifest.quantization.quantized_nodes.values())} "

@@ -8,7 +8,8 @@ check reads one weight tensor, not the model. What is checked per method:
 - dynamic: per_channel (the weight scale of MatMulIntegerToFloat / DynamicQuantizeMatMul), reduce_range
   (the int8 weight's largest magnitude: a full-range quantizer maps each channel's largest weight to 127);
 - static: per_channel (the scale of the DequantizeLinear that reads an int8 weight; reduce_range does not apply);
-- weight-only: accuracy_level, on every MatMulNBits.
+- weight-only: accuracy_level, on every MatMulNBits; rotate_down, by the rotation's shared (1, b, b) initializer
+  (quantize/rotation.py), its b the recipe's block size (not in an ORT-format graph, whose converter may fold it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ..modeldir.manifest import MANIFEST_NAME, Manifest
 from ..modeldir.onnx_wire import GraphFacts
+from ..modeldir.recipe import ROTATION_INIT
 from .graph_values import read_initializers
 
 SAYS = f"{MANIFEST_NAME} says"
@@ -48,6 +50,18 @@ def _accuracy_level(m: Manifest, facts: GraphFacts) -> list[str]:
     return []
 
 
+def _rotation(m: Manifest, facts: GraphFacts) -> list[str]:
+    q = m.quantization
+    readers = sum(ROTATION_INIT in n.inputs for n in facts.nodes)
+    if bool(readers) != q.rotate_down:
+        held = f"rotates {readers} down projections' inputs" if readers else "rotates no down projection's input"
+        return [f"{SAYS} rotate_down {str(q.rotate_down).lower()}, the graph {held}"]
+    dims = facts.initializers[ROTATION_INIT].dims if ROTATION_INIT in facts.initializers else None
+    if readers and dims != (1, q.block_size, q.block_size):
+        return [f"{SAYS} rotate_down in blocks of {q.block_size}, the graph's rotation is {dims}"]
+    return []
+
+
 def recipe_problems(model_dir: Path, graph: Path, m: Manifest, facts: GraphFacts, values: bool = True) -> list[str]:
     """The recipe's per_channel / reduce_range / accuracy_level against the graph (a quantized dir only); values
     False: the attributes only (an ORT-format graph, whose initializers its converter rewrote)."""
@@ -55,7 +69,7 @@ def recipe_problems(model_dir: Path, graph: Path, m: Manifest, facts: GraphFacts
     if q is None:
         return []
     if q.method == "weight-only":
-        return _accuracy_level(m, facts)
+        return _accuracy_level(m, facts) + (_rotation(m, facts) if values else [])
     if q.method not in ("dynamic", "static") or not values:
         return []
     found = _first_weight(facts, q.method)

@@ -199,7 +199,7 @@ class Quantization(QuantizeRecipe):
     # (bits, symmetric and embedding_bits need none: the recipe fills them from the method, as it did.)
     ABSENT_IN_OLDER: ClassVar[dict[str, Any]] = {"activation_scale": "per-tensor", "reduce_range": False,
                                                  "quantize_head": True, "scale_search": "range", "awq": False,
-                                                 "gptq": False}
+                                                 "gptq": False, "rotate_down": False}
 
     @property
     def recipe(self) -> QuantizeRecipe:
@@ -211,6 +211,7 @@ class Quantization(QuantizeRecipe):
         half = ", fp16 activations" if self.float16 else ""
         searched = (", mse scales" if self.scale_search == "mse" else "") + (", awq" if self.awq else "")
         searched += ", gptq" if self.gptq else ""
+        searched += ", rotated down" if self.rotate_down else ""
         if self.bits == 16 or (self.bits, self.embedding_bits, self.symmetric) == (8, 8, True):
             return self.method + searched + half  # fp16 has no widths to name
         kept = f", int8 {' '.join(self.keep_8bit)}" if self.keep_8bit else ""

@@ -52,6 +52,10 @@ def kept_at_8bit(names: str | tuple[str, ...], patterns: tuple[str, ...]) -> boo
     return any(fnmatchcase(name, p) for name in names for p in patterns)
 
 
+# The shared (1, b, b) initializer of --rotate-down's rotation (quantize/rotation.py); the manifest check finds it.
+ROTATION_INIT = "mlp.down.rotation"
+
+
 @dataclass(frozen=True)
 class QuantizeRecipe:
     method: str  # a name in the registry's QUANTIZATION_METHODS
@@ -93,6 +97,10 @@ class QuantizeRecipe:
     # weight-only: the linears' weights rounded by GPTQ-style second-order updates on the calibration text's
     # activations (quantize/gptq.py), in the same blocks. Not visible in the graph either (the levels differ only).
     gptq: bool = False
+    # weight-only: each MLP down projection's input rotated online by a randomized Hadamard transform of the block
+    # size, its weight rows by the transpose (quantize/rotation.py): down's outlier channels spread over their
+    # block before MatMulNBits rounds it. Visible in the graph (three ops a layer; model_claims checks it).
+    rotate_down: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
@@ -120,7 +128,7 @@ class QuantizeRecipe:
         if self.scale_search not in SCALE_SEARCHES:
             raise InvalidArgumentError(f"scale search must be {' or '.join(SCALE_SEARCHES)}, got {self.scale_search!r}")
         for what, asked in (("--scale-search mse", self.scale_search != "range"), ("--awq", self.awq),
-                            ("--gptq", self.gptq)):
+                            ("--gptq", self.gptq), ("--rotate-down", self.rotate_down)):
             if asked and self.method != "weight-only":
                 raise InvalidArgumentError(f"{what} applies to weight-only (MatMulNBits blocks), not {self.method}")
         if any(not isinstance(p, str) or not p.strip() for p in self.keep_8bit):
