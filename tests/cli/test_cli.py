@@ -325,7 +325,8 @@ OPTION_TESTS = ["tests/cli/test_cli.py", "tests/cli/test_quantize_options_that_d
                 "tests/measure/test_classify_compare.py", "tests/quantize/test_int4_mixed.py",
                 "tests/serve/test_serve_chat.py", "tests/quantize/test_quantizers.py",
                 "tests/quantize/test_recipe_search.py", "tests/serve/test_prefix_reuse.py",
-                "tests/web/test_fetch_web.py", "tests/serve/test_serve_spin.py", "tests/quantize/test_gptq.py"]
+                "tests/web/test_fetch_web.py", "tests/serve/test_serve_spin.py", "tests/quantize/test_gptq.py",
+                "tests/quantize/test_rotate_down.py"]
 
 
 def test_every_option_is_tested():
