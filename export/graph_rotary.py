@@ -66,7 +66,11 @@ def rms_norm(g: GraphWriter, x: str, w: Weights, prefix: str, eps: float) -> str
     gamma = g.const(f"{prefix}.weight", w[f"{prefix}.weight"])
     if g.contrib:
         return g.one("SimplifiedLayerNormalization", [x, gamma], name=prefix, axis=-1, epsilon=eps)
-    ms = g.one("ReduceMean", [g.one("Pow", [x, g.f32(2.0)])], axes=[-1], keepdims=1)
+    squares = g.one("Pow", [x, g.f32(2.0)])
+    if g.opset >= 18:  # axes became an input
+        ms = g.one("ReduceMean", [squares, g.i64([-1])], keepdims=1)
+    else:
+        ms = g.one("ReduceMean", [squares], axes=[-1], keepdims=1)
     y = g.one("Div", [x, g.one("Sqrt", [g.one("Add", [ms, g.f32(eps)])])])
     return g.one("Mul", [gamma, y], name=prefix)
 
