@@ -14,6 +14,7 @@ decoder filename name it, so `gptedge generate OUT` and ONNX Runtime GenAI run t
     model.ort                                  the graph and its weights (a flatbuffer: no external data, < 2 GB)
     required_operators_and_types.config        for a reduced-operator ONNX Runtime build
     gptedge.json genai_config.json config.json generation_config.json tokenizer.json tokenizer_config.json
+    chat_template.jinja                        the source's chat template, where it has one (serve's chat route)
     gptedge-pack.json                          what was packed, with the converter's version and settings
     gptedge-selftest.json                      the golden self-test: the Python runtime's greedy ids and top logits
                                                on a few prompts, for the app to replay on the phone (selftest.py)
@@ -34,6 +35,7 @@ from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, conv
 from gptedge import __version__
 from gptedge.onnx_files import external_data_path
 from gptedge.runtime.errors import GptEdgeError
+from gptedge.runtime.modeldir.chat_template import CHAT_TEMPLATE_FILE
 from gptedge.runtime.modeldir.genai_config import GENAI_CONFIG, GENERATION_CONFIG, TOKENIZER_CONFIG
 from gptedge.runtime.checks.pipeline import check_model_dir
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME, write_json, write_manifest
@@ -50,7 +52,7 @@ ORT_MODEL = "model.ort"
 OPS_CONFIG = "required_operators_and_types.config"
 PLATFORMS = ("arm", "amd64")
 ORT_FORMAT_LIMIT = 2**31 - 1  # a flatbuffer addresses at most 2 GB, and the ORT format has no external data
-COPIED = ("config.json", GENERATION_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG)
+COPIED = ("config.json", GENERATION_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG, CHAT_TEMPLATE_FILE)
 
 
 class MobilePackError(GptEdgeError):

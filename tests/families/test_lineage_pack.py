@@ -119,3 +119,15 @@ def test_mobile_pack_of_gpt_neox(dirs, tmp_path):
     for prompt in PROMPTS:
         assert phone.generate(prompt, max_new_tokens=16, greedy=True).ids == source.generate(
             prompt, max_new_tokens=16, greedy=True).ids
+
+
+def test_mobile_pack_keeps_the_chat_template(tmp_path):
+    """The phone's folder is what serve and GenAI's apps read: the source's chat template travels with it."""
+    checkpoint = write_variant_checkpoint(tmp_path / "ck", "gemma-mqa")
+    config_path = checkpoint / "tokenizer_config.json"
+    template = "{% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>{% endfor %}"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "chat_template": template}))
+    export_checkpoint(checkpoint, tmp_path / "fp32", graph_variant="kv_buffer", validate=False)
+    pack([tmp_path / "fp32"], "mobile", tmp_path / "m")
+    assert (tmp_path / "m" / "chat_template.jinja").read_text() == template
+    runtime.load(tmp_path / "m", device="cpu")
