@@ -27,6 +27,7 @@ from gptedge import runtime
 from gptedge.runtime import contract as C
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.modeldir.kv_cache import DEFAULT_KV_CACHE, KVCacheKind, kv_cache_kind
+from gptedge.runtime.modeldir.manifest import Manifest, read_manifest
 from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,19 @@ def check_kv_cache(name: str, graph: str, half_precision: bool) -> KVCacheKind:
     return kind
 
 
+def bos_first(windows: list[list[int]], manifest: Manifest) -> list[list[int]]:
+    """Each calibration window as the model sees a prompt: its first id replaced by bos where the tokenizer adds one
+    (Llama, Gemma; generate and serve put it first). Position 0 of such a model carries the bos's activations and
+    keys (often the largest it has: attention sinks), so scales measured without it would clip them. Others: as
+    they are."""
+    if not manifest.add_bos or manifest.bos_id is None:
+        return windows
+    return [[manifest.bos_id, *w[1:]] for w in windows]
+
+
 def calibration_ids(model_dir: Path, text: str | None, budget: int, context: int) -> list[np.ndarray]:
     """Windows (1, L) of the calibration text's ids, L = min(context, MAX_WINDOW), spread evenly, about
-    `budget` tokens in all (at least one window)."""
+    `budget` tokens in all (at least one window); bos first where the tokenizer adds one (bos_first)."""
     if not text:
         raise QuantizationError("an int8 / int4 KV cache needs --calibration TEXT_FILE (its scales are measured)")
     ids = encode(load_tokenizer(model_dir), text)
@@ -69,7 +80,8 @@ def calibration_ids(model_dir: Path, text: str | None, budget: int, context: int
         raise QuantizationError(f"calibration text has {len(ids)} tokens; the KV cache scales need at least 2")
     count = max(1, min(math.ceil(budget / length), len(ids) // length))
     starts = np.linspace(0, len(ids) - length, count).astype(int)
-    return [np.asarray(ids[s:s + length], np.int64)[None] for s in starts]
+    windows = bos_first([ids[s:s + length] for s in starts], read_manifest(model_dir))
+    return [np.asarray(w, np.int64)[None] for w in windows]
 
 
 def measure_absmax(model_dir: Path, windows: list[np.ndarray],

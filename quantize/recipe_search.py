@@ -40,7 +40,6 @@ from gptedge.runtime.graphs.session import SessionConfig
 from gptedge.runtime.generation.evaluate import log_softmax, sliding_windows, window_logits
 from gptedge.runtime.modeldir.manifest import ModelShape, RecipeSearch, SearchCandidate, read_manifest, write_manifest
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe, block_linears, kept_at_8bit
-from gptedge.runtime.modeldir.tokenizer import encode
 
 from . import gptq
 from .quantizer import quantize_model_dir
@@ -131,7 +130,7 @@ class _Scorer:
     """The fp32 reference's log-probabilities on one text's windows, computed once; KL of any dir against them."""
 
     def __init__(self, ref, text: str):
-        self.ids = encode(ref.tokenizer, text)[:MAX_TOKENS]
+        self.ids = ref.encode_prompt(text)[:MAX_TOKENS]  # bos first where the tokenizer adds one, as compare
         if len(self.ids) < 2:
             raise InvalidArgumentError("--calibration text is too short to score a recipe on (needs >= 2 tokens "
                                        "per part)")

@@ -29,6 +29,7 @@ from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
 
 from .base import Method, Quantized, QuantizeJob, Storage
+from .kv_cache import bos_first
 from .rewrite import Rewrite
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,8 @@ def check(recipe: QuantizeRecipe, shape: ModelShape, calibration_text: str | Non
 def apply(job: QuantizeJob) -> Quantized:
     shape, recipe = job.manifest.shape, job.recipe
     ids = encode(load_tokenizer(job.model_dir), job.calibration_text or "")
-    windows = calibration_windows(ids, recipe.calibration_sequences, recipe.calibration_length)
+    windows = bos_first(calibration_windows(ids, recipe.calibration_sequences, recipe.calibration_length),
+                        job.manifest)
     if len(windows) < recipe.calibration_sequences:
         log.info("calibration text holds %d windows of %d tokens, not %d: calibrating on %d", len(windows),
                  recipe.calibration_length, recipe.calibration_sequences, len(windows))

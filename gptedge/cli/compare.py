@@ -96,7 +96,7 @@ def compare(ctx: click.Context, ref: str, models: tuple[str, ...], text_file: st
     text = read_text(text_file)
     loaded = [runtime.load(m, device=device, session=runtime.SessionConfig(threads=threads)) for m in (ref, *models)]
     check_comparable(loaded, prompts, new_tokens)
-    ids = loaded[0].encode(text)[:max_tokens]
+    ids = loaded[0].encode_prompt(text)[:max_tokens]  # bos first where the tokenizer adds one, as eval
     opened = peer_score.open_peers(peers, checkpoint, Path(ref), threads,
                                    notify=diag) if peers else nullcontext(([], []))
     with opened as (scorers, skipped):

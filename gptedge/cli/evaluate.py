@@ -27,7 +27,9 @@ def eval_(model: str, text_file: str, stride: int | None, device: str, threads: 
 
     text = read_text(text_file)
     loaded = runtime.load(model, device=device, session=runtime.SessionConfig(threads=threads))
-    result = perplexity(loaded, loaded.encode(text), stride, progress=progress("evaluating"))
+    # bos first where the tokenizer adds one (Llama, Gemma): the text as transformers' tokenizer gives it, which
+    # its perplexity recipe scores (the bos itself is context, never a target)
+    result = perplexity(loaded, loaded.encode_prompt(text), stride, progress=progress("evaluating"))
     if as_json:
         click.echo(json.dumps({"model": model, "text": text_file, **result.to_dict()}))
     else:

@@ -55,7 +55,8 @@ def test_beams_equal_transformers(dirs, variant, graph):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_eval_perplexity_is_transformers(dirs, variant, tmp_path):
-    """A text shorter than the context (one window): eval's NLL is transformers' mean NLL of the same ids."""
+    """A text shorter than the context (one window): eval's NLL is transformers' mean NLL of the ids its tokenizer
+    gives (bos first where the tokenizer config adds it: the bos is context, not a target)."""
     import torch
 
     (tmp_path / "t.txt").write_text(TEXT, encoding="utf-8")
@@ -63,13 +64,32 @@ def test_eval_perplexity_is_transformers(dirs, variant, tmp_path):
                                        "--json", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout.strip().splitlines()[-1])
-    ids = runtime.load(dirs[variant, "kv_buffer"], device="cpu").encode(TEXT)
+    loaded = runtime.load(dirs[variant, "kv_buffer"], device="cpu")
+    ids = loaded.encode_prompt(TEXT)
+    if loaded.manifest.add_bos:
+        assert ids[0] == loaded.manifest.bos_id and ids[1:] == loaded.encode(TEXT)
     assert got["tokens"] == len(ids) - 1 and len(ids) < 64
     with torch.no_grad():
         logits = variant_model(variant)(torch.tensor([ids])).logits[0, :-1]
     nll = float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])))
     assert abs(got["nll"] - nll) < 1e-4 and abs(got["perplexity"] - math.exp(nll)) < 1e-3 * math.exp(nll)
 
+
+
+def test_compare_scores_the_ids_eval_scores(dirs, tmp_path):
+    """compare's reference row is eval's perplexity of the same text: both read it as the tokenizer gives it, bos
+    first (the Llama variant's tokenizer adds one)."""
+    model_dir = str(dirs["gqa2-linear", "kv_buffer"])
+    (tmp_path / "t.txt").write_text(TEXT * 4, encoding="utf-8")
+    assert runtime.load(model_dir, device="cpu").manifest.add_bos
+    said = CliRunner().invoke(main, ["eval", model_dir, "--text", str(tmp_path / "t.txt"), "--json"])
+    assert said.exit_code == 0, said.output
+    evaluated = json.loads(said.stdout.strip().splitlines()[-1])
+    result = CliRunner().invoke(main, ["compare", model_dir, model_dir, "--text", str(tmp_path / "t.txt"),
+                                       "--prompts", "1", "--new-tokens", "2", "--prompt-tokens", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.JSONDecoder().raw_decode(result.stdout[result.stdout.index("["):])[0]
+    assert abs(rows[0]["perplexity"] / evaluated["perplexity"] - 1) < 1e-9
 
 @pytest.mark.interop
 @pytest.mark.parametrize("variant", ["gqa2-linear", "neox-parallel"])

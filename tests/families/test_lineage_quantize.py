@@ -335,3 +335,24 @@ def test_gptq_rounds_every_llama_linear_and_leaves_the_head(fp32_dirs, tmp_path)
     changed = {n for n in blocks if not np.array_equal(plain[n], rounded[n])}
     assert {n.removesuffix(".weight.q4") for n in changed} == set(linears)
     runtime.load(tmp_path / "gptq", device="cpu")
+
+
+def test_calibration_windows_start_with_bos_where_the_tokenizer_adds_one(fp32_dirs, gpt2_model_dir):
+    """AWQ, GPTQ, the KV cache's and static INT8's scales are measured on windows that look like prompts: bos at
+    position 0 for a tokenizer that adds one (its activations and keys are there at run time), the text's own ids
+    for one that does not (GPT-2)."""
+    from gptedge.quantize import kv_cache
+    from gptedge.quantize.static import calibration_windows
+
+    llama, gpt2 = read_manifest(fp32_dirs["gqa2-linear"]), read_manifest(gpt2_model_dir)
+    assert llama.add_bos and not gpt2.add_bos
+    windows = kv_cache.calibration_ids(fp32_dirs["gqa2-linear"], CALIBRATION, 256, 32)
+    assert len(windows) > 1 and all(w[0, 0] == llama.bos_id for w in windows)
+    assert all(w.shape == (1, 32) for w in windows)
+    plain = kv_cache.calibration_ids(gpt2_model_dir, CALIBRATION, 256, 32)
+    text_ids = runtime.load(gpt2_model_dir, device="cpu").encode(CALIBRATION)
+    assert plain[0][0].tolist() == text_ids[:32]
+    rows = calibration_windows(list(range(10, 200)), 3, 16)
+    assert kv_cache.bos_first(rows, gpt2) == rows
+    assert [r[0] for r in kv_cache.bos_first(rows, llama)] == [llama.bos_id] * 3
+    assert [r[1:] for r in kv_cache.bos_first(rows, llama)] == [r[1:] for r in rows]

@@ -61,6 +61,12 @@ def ids_of(monkeypatch):
     """calibration_ids over a text whose ids are 0, 1, ..., len(text) - 1 (one per character)."""
     monkeypatch.setattr(kv, "load_tokenizer", lambda model_dir: None)
     monkeypatch.setattr(kv, "encode", lambda tokenizer, text: list(range(len(text))))
+    monkeypatch.setattr(kv, "read_manifest", lambda model_dir: ModelManifestStub())
+
+
+class ModelManifestStub:
+    """What calibration_ids reads of a manifest: a tokenizer that adds no bos (GPT-2's)."""
+    add_bos, bos_id = False, None
 
 
 @pytest.mark.parametrize("tokens, budget, context, starts, length", [
