@@ -26,7 +26,7 @@ from gptedge.runtime.modeldir.chat_template import CHAT_TEMPLATE_FILE, find_chat
 from gptedge.runtime.checks.fingerprint import record_fingerprint
 from gptedge.runtime.modeldir.genai_config import TOKENIZER_CONFIG, write_genai_files
 from gptedge.runtime.modeldir.manifest import MODEL_FILE, Manifest, Parity, Source, write_json, write_manifest
-from gptedge.runtime.modeldir.tokenizer import load_tokenizer
+from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE, load_tokenizer
 
 from .checkpoint import file_sha256, load_checkpoint, weights_file
 from .config import GPTConfig
@@ -107,7 +107,7 @@ def export_model(reference: GPT, out: str | Path, force: bool = False, opset: in
                                                      "eos_token_id": list(cfg.eos_ids) or cfg.eos_token_id,
                                                      "pad_token_id": cfg.eos_token_id})
         has_tokenizer = write_tokenizer(source_dir, tmp, cfg.vocab_size) if source_dir else False
-        add_bos = adds_bos(source_dir) if has_tokenizer else False
+        add_bos = adds_bos(source_dir, tmp / TOKENIZER_FILE) if has_tokenizer else False
         if source_dir and (template := find_chat_template(source_dir)) is not None:  # what a chat is rendered with
             (tmp / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
             # the special tokens a template writes (bos_token, eos_token, ...), beside what GenAI reads there

@@ -36,15 +36,19 @@ def _template_adds_bos(processor: object) -> bool:
     return bool(single) and isinstance(single[0], dict) and "SpecialToken" in single[0]
 
 
-def adds_bos(source: Path | None) -> bool:
+def adds_bos(source: Path | None, written: Path | None = None) -> bool:
     """add_bos_token from tokenizer_config.json where it says, else whether tokenizer.json's post-processor
-    puts a special token first; False without either (GPT-2)."""
+    puts a special token first (the source's, or `written`, the one export made where the source has none: a
+    SentencePiece tokenizer.model converted); False without either (GPT-2)."""
     if source is None:
         return False
     said = _read(source / TOKENIZER_CONFIG).get("add_bos_token")
     if isinstance(said, bool):
         return said
-    found = _template_adds_bos(_read(source / TOKENIZER_FILE).get("post_processor"))
+    tokenizer = source / TOKENIZER_FILE
+    if not tokenizer.is_file() and written is not None:
+        tokenizer = written
+    found = _template_adds_bos(_read(tokenizer).get("post_processor"))
     if found:
         log.info("%s: its post-processor starts each text with a special token: add_bos", source / TOKENIZER_FILE)
     return found

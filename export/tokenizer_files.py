@@ -1,6 +1,7 @@
 """Turn a checkpoint's tokenizer files into one tokenizer.json (byte-level BPE, as GPT-2's).
 
-Accepted: tokenizer.json as is; or vocab.json / encoder.json with merges.txt / vocab.bpe.
+Accepted: tokenizer.json as is; or vocab.json / encoder.json with merges.txt / vocab.bpe; or a SentencePiece
+tokenizer.model alone (Llama 1 / 2-era checkpoints), converted as transformers converts it to its fast tokenizer.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from gptedge.runtime.modeldir.tokenizer import TOKENIZER_FILE
 log = logging.getLogger(__name__)
 
 VOCAB_FILES = ("vocab.json", "encoder.json")
+SENTENCEPIECE_FILE = "tokenizer.model"
 MERGES_FILES = ("merges.txt", "vocab.bpe")
 ENDOFTEXT = "<|endoftext|>"
 
@@ -36,6 +38,25 @@ def byte_level_bpe(vocab: Path, merges: Path):
     return tok
 
 
+def sentencepiece_tokenizer(source: Path):
+    """The tokenizers-library tokenizer transformers makes from the checkpoint's SentencePiece tokenizer.model (its
+    slow class, named by tokenizer_config.json or config.json's model_type, converted to the fast one: byte fallback,
+    Metaspace, the added special tokens). Needs sentencepiece (the export extra installs it)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(source), use_fast=True)
+    except Exception as e:  # noqa: BLE001 - ImportError (no sentencepiece), or the slow class's own errors
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{source}: its SentencePiece {SENTENCEPIECE_FILE} could not be converted to "
+                              f"{TOKENIZER_FILE} ({type(e).__name__}: {why[:160]}); transformers converts it with "
+                              "sentencepiece installed (pip install sentencepiece)") from None
+    if not getattr(tok, "is_fast", False):
+        raise CheckpointError(f"{source}: transformers has no fast tokenizer for its {SENTENCEPIECE_FILE} "
+                              f"({type(tok).__name__}): save a {TOKENIZER_FILE} beside it")
+    return tok.backend_tokenizer
+
+
 def find_tokenizer_source(source: Path) -> tuple[Path, ...] | None:
     if (source / TOKENIZER_FILE).is_file():
         return (source / TOKENIZER_FILE,)
@@ -43,6 +64,8 @@ def find_tokenizer_source(source: Path) -> tuple[Path, ...] | None:
     merges = next((source / n for n in MERGES_FILES if (source / n).is_file()), None)
     if vocab and merges:
         return vocab, merges
+    if (source / SENTENCEPIECE_FILE).is_file():
+        return (source / SENTENCEPIECE_FILE,)
     return None
 
 
@@ -52,7 +75,11 @@ def write_tokenizer(source: Path, out_dir: Path, vocab_size: int) -> bool:
     if found is None:
         log.warning("%s has no tokenizer files: the model will take token ids only", source)
         return False
-    if len(found) == 1:
+    if found[0].name == SENTENCEPIECE_FILE:
+        tok = sentencepiece_tokenizer(source)
+        tok.save(str(out_dir / TOKENIZER_FILE))
+        log.info("%s: %s converted to %s (as transformers converts it)", source, SENTENCEPIECE_FILE, TOKENIZER_FILE)
+    elif len(found) == 1:
         from tokenizers import Tokenizer
 
         try:
