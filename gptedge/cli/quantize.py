@@ -7,6 +7,8 @@ given to a method whose registry line says it takes none, a calibration file for
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
 from gptedge.atomic import check_output
@@ -218,6 +220,12 @@ def _search(model: str, out: str, recipe: QuantizeRecipe | None, calibration: st
             max_kl: float, prefer: str, force: bool) -> None:
     if recipe is not None:
         raise click.UsageError("--max-kl chooses the recipe: give it no --method")
+    fields = {f.name for f in dataclasses.fields(QuantizeRecipe)}
+    for param in click.get_current_context().command.params:  # each candidate is its own recipe: these would do nothing
+        if param.name in fields and _given(param.name):
+            flag = "/".join(param.opts + param.secondary_opts)
+            raise click.UsageError(f"{flag}: --max-kl chooses the recipe itself (its candidates are listed in "
+                                   "docs/quantization.md#error-aware-quantizers-and-max-kl): give it no recipe options")
     if calibration is None:
         raise click.UsageError("--max-kl needs --calibration TEXT_FILE (candidates are calibrated and scored on it)")
     check_output(out, force, inputs=[model, calibration])

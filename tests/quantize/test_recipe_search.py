@@ -96,6 +96,12 @@ def test_cli_refusals(gpt2_model_dir, tmp_path):
         (["--max-kl", "0.001", "--method", "weight-only", "--calibration", CALIBRATION], "give it no --method", 2),
         (["--max-kl", "-1", "--calibration", CALIBRATION], "--max-kl must be a positive KL", 2),
         (["--max-kl", "0.001", "--calibration", CALIBRATION, "--prefer", "fastest"], "Invalid value for '--prefer'", 2),
+        (["--max-kl", "0.001", "--calibration", CALIBRATION, "--rotate-down"],
+         "--rotate-down: --max-kl chooses the recipe itself", 2),
+        (["--max-kl", "0.001", "--calibration", CALIBRATION, "--block-size", "64"],
+         "--block-size: --max-kl chooses the recipe itself", 2),
+        (["--max-kl", "0.001", "--calibration", CALIBRATION, "--per-tensor"],
+         "--per-channel/--per-tensor: --max-kl chooses", 2),
     ]:
         result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"), *args])
         assert result.exit_code == code and message in result.output, result.output
@@ -159,3 +165,16 @@ def test_prefer_speed_skips_a_larger_candidate_of_a_block_size_already_within_k(
     tight = rs.search_recipe(gpt2_model_dir, tmp_path / "t", k4 / 2, Path(CALIBRATION).read_text(), prefer="speed",
                              candidates=TWO)  # the 4-bit is over K: the 8-bit one is tried and written
     assert tight.quantization.search.chosen == "--bits 8 --awq"
+
+
+def test_at_equal_bytes_the_layout_without_the_rotation_is_tried_first(gpt2_model_dir, tmp_path, monkeypatch):
+    """The rotated and the plain 8-bit layouts of one block size have the same bytes; the plain one (no extra ops) is
+    tried first, and where it meets K the rotated one is not tried (the same kernel, three more ops a layer)."""
+    monkeypatch.setattr(rs, "time_candidates", lambda dirs, vocab, threads: [1.0] * len(dirs))
+    pair = (("--bits 8 --rotate-down --block-size 16", dict(bits=8, rotate_down=True, block_size=16)),
+            ("--bits 8 --block-size 16", dict(bits=8, block_size=16)))
+    text = Path(CALIBRATION).read_text()
+    m = rs.search_recipe(gpt2_model_dir, tmp_path / "q", 10.0, text, prefer="speed", candidates=pair)
+    assert [c.options for c in m.quantization.search.candidates] == ["--bits 8 --block-size 16"]
+    tight = rs.search_recipe(gpt2_model_dir, tmp_path / "s", 10.0, text, candidates=pair)
+    assert tight.quantization.search.chosen == "--bits 8 --block-size 16" and not tight.quantization.rotate_down
