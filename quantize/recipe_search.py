@@ -164,7 +164,9 @@ def search_recipe(model_dir: str | Path, out: str | Path, max_kl: float, text: s
     graph = onnx.load(str(model_dir / manifest.model_file), load_external_data=False)
     widths = set(linear_widths(graph, model_dir).values()) | {shape.n_embd}  # every K: the MLP width too
     recipes = [(opts, r) for opts, r in recipes if all(k % r.block_size == 0 for k in widths)]
-    recipes.sort(key=lambda c: estimated_bytes(c[1], shape))
+    # by bytes; at equal bytes the layout without the rotation's ops first: where it meets K, the rotated one of the
+    # same block size is no faster (and --prefer speed skips it), so it is tried only where the plain one fails
+    recipes.sort(key=lambda c: (estimated_bytes(c[1], shape), c[1].rotate_down))
     calibration, held_out = split_text(text)
     ref = runtime.load(model_dir, device="cpu")
     scorers = _Scorer(ref, calibration), _Scorer(ref, held_out)
