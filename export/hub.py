@@ -24,9 +24,11 @@ from .checkpoint import WEIGHT_FILES
 
 log = logging.getLogger(__name__)
 
-# What export_checkpoint reads: config, one weights file, the tokenizer in either of its layouts.
+# What export_checkpoint reads: config, one weights file, the tokenizer in any of its layouts (tokenizer.json; GPT-2's
+# two files; a SentencePiece tokenizer.model alone), its special tokens and chat template.
 CONFIG_PATTERNS = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                   "vocab.json", "merges.txt", "encoder.json", "vocab.bpe"]
+                   "vocab.json", "merges.txt", "encoder.json", "vocab.bpe", "tokenizer.model",
+                   "special_tokens_map.json", "chat_template.jinja"]
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 TRUE = {"1", "on", "yes", "true"}
 

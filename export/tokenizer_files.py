@@ -41,16 +41,23 @@ def byte_level_bpe(vocab: Path, merges: Path):
 def sentencepiece_tokenizer(source: Path):
     """The tokenizers-library tokenizer transformers makes from the checkpoint's SentencePiece tokenizer.model (its
     slow class, named by tokenizer_config.json or config.json's model_type, converted to the fast one: byte fallback,
-    Metaspace, the added special tokens). Needs sentencepiece (the export extra installs it)."""
+    Metaspace, the added special tokens). Needs transformers and sentencepiece (the export extra installs the
+    latter; transformers is not in it: the test extra has it)."""
     try:
         from transformers import AutoTokenizer
+        from transformers.utils import logging as transformers_logging
 
-        tok = AutoTokenizer.from_pretrained(str(source), use_fast=True)
-    except Exception as e:  # noqa: BLE001 - ImportError (no sentencepiece), or the slow class's own errors
+        quiet = transformers_logging.get_verbosity()
+        transformers_logging.set_verbosity_error()  # its slow classes warn of their "legacy" mode on every load
+        try:
+            tok = AutoTokenizer.from_pretrained(str(source), use_fast=True)
+        finally:
+            transformers_logging.set_verbosity(quiet)
+    except Exception as e:  # noqa: BLE001 - ImportError (no transformers / sentencepiece), or the class's own errors
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{source}: its SentencePiece {SENTENCEPIECE_FILE} could not be converted to "
                               f"{TOKENIZER_FILE} ({type(e).__name__}: {why[:160]}); transformers converts it with "
-                              "sentencepiece installed (pip install sentencepiece)") from None
+                              "sentencepiece installed (pip install transformers sentencepiece)") from None
     if not getattr(tok, "is_fast", False):
         raise CheckpointError(f"{source}: transformers has no fast tokenizer for its {SENTENCEPIECE_FILE} "
                               f"({type(tok).__name__}): save a {TOKENIZER_FILE} beside it")
