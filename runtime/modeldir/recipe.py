@@ -99,7 +99,7 @@ class QuantizeRecipe:
     gptq: bool = False
     # weight-only: each MLP down projection's input rotated online by a randomized Hadamard transform of the block
     # size, its weight rows by the transpose (quantize/rotation.py): down's outlier channels spread over their
-    # block before MatMulNBits rounds it. Visible in the graph (three ops a layer; model_claims checks it).
+    # block before MatMulNBits rounds it. Visible in the graph (three ops a layer; checks/recipe_claims.py checks it).
     rotate_down: bool = False
 
     def __post_init__(self) -> None:
