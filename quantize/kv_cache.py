@@ -61,9 +61,9 @@ def check_kv_cache(name: str, graph: str, half_precision: bool) -> KVCacheKind:
 
 def bos_first(windows: list[list[int]], manifest: Manifest) -> list[list[int]]:
     """Each calibration window as the model sees a prompt: its first id replaced by bos where the tokenizer adds one
-    (Llama, Gemma; generate and serve put it first). Position 0 of such a model carries the bos's activations and
-    keys (often the largest it has: attention sinks), so scales measured without it would clip them. Others: as
-    they are."""
+    (the manifest's add_bos; generate and serve put it first). Position 0 of such a model carries the bos's
+    activations and keys (often the largest it has: attention sinks), so scales measured without it would clip
+    them. Others: as they are."""
     if not manifest.add_bos or manifest.bos_id is None:
         return windows
     return [[manifest.bos_id, *w[1:]] for w in windows]

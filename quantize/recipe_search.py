@@ -61,8 +61,8 @@ MAX_TOKENS = 2048  # per part: enough windows to rank recipes, few enough to sco
 # calibration; GPTQ there was noise).
 _4 = dict(bits=4, gptq=True)
 _8 = dict(bits=8, scale_search="mse", awq=True)
-# 8 bits in blocks of 64 with down's input rotated (quantize/rotation.py): 0.72-0.95x Q8_0's KL on two Llama
-# checkpoints with GPTQ on mse scales, where plain blocks of 64 were 1.31-1.40x
+# 8 bits in blocks of 64 with down's input rotated (quantize/rotation.py): 0.72-0.95x Q8_0's KL on the two trained
+# gated-MLP checkpoints with GPTQ on mse scales, where plain blocks of 64 were 1.31-1.40x
 # (docs/quantization.md#rotated-down-projections)
 _8R = dict(bits=8, gptq=True, scale_search="mse", rotate_down=True, block_size=64)
 CANDIDATES: tuple[tuple[str, dict], ...] = (

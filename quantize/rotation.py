@@ -1,12 +1,12 @@
 """`--rotate-down`: each MLP down projection's input rotated online by a randomized Hadamard transform.
 
 Why: at accuracy level 4 MatMulNBits rounds each linear's input to int8 per block of `block_size` channels, and at
-8 bits that rounding is most of the error. Down's input (act(gate) * up, or GPT-2's gelu(fc)) is the one with
-outlier channels (max / mean |x| 66-114 on the trained Llama sample, against 5-6 for the normalized inputs of the
-other linears), so one large channel sets the rounding step of its whole block. A Hadamard rotation H of each
+8 bits that rounding is most of the error. Down's input (act(gate) * up, or an ungated MLP's gelu(fc)) is the one with
+outlier channels (max / mean |x| 66-114 on the trained gated-MLP sample, against 5-6 for the normalized inputs of
+the other linears), so one large channel sets the rounding step of its whole block. A Hadamard rotation H of each
 block spreads it over the block; the weights' rows take H^T, so x W = (x H)(H^T W) exactly in fp32. Measured
-(docs/quantization.md#rotated-down-projections): the 8-bit Llama layouts at blocks of 64 go from 1.31-1.40x llama.cpp
-Q8_0's KL to 0.82-1.02x (0.72-0.95x with GPTQ rounding on mse scales).
+(docs/quantization.md#rotated-down-projections): on the two trained gated-MLP checkpoints, 8-bit blocks of 64 go from
+1.31-1.40x llama.cpp Q8_0's KL to 0.82-1.02x (0.72-0.95x with GPTQ rounding on mse scales).
 
 The graph: before each down MatMul, Reshape (B, T, I) -> (B, T, I/b, b), MatMul by one shared (1, b, b) H,
 Reshape back: three small ops a layer (b x b multiply-adds per channel). H is stored 3-D so no quantizer takes it
