@@ -122,8 +122,8 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
           prefix_cache_mb: int,
           spin: str, spin_us: int | None, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
-          shutdown_timeout: float, web: str, max_body: int, header_timeout: float, body_timeout: float, max_rows: int,
-          max_examples: int, batch_wait: float, chat_template: Path | None) -> None:
+          shutdown_timeout: float, web: str, max_body: int, header_timeout: float, body_timeout: float, http: str,
+          max_rows: int, max_examples: int, batch_wait: float, chat_template: Path | None) -> None:
     """Serve MODEL (default: the shipped sample model) over OpenAI's completions API: /v1/completions
     (streaming too), /v1/models, /health and /metrics; and the playground page at / (on the server, or in the
     browser with onnxruntime-web). A classifier dir (export --task) is served by POST /v1/classify instead."""
@@ -131,7 +131,7 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
     app = import_extra("gptedge.serve.app", "serve")  # starlette
     page = import_extra("gptedge.serve.playground", "serve")
     limits = import_extra("gptedge.serve.limits", "serve").Limits(max_body=max_body, header_timeout=header_timeout,
-                                                                  body_timeout=body_timeout)
+                                                                  body_timeout=body_timeout, http=http)
     if model is None:
         model, name = str(sample_model_dir()), model_name or "gptedge-sample"
     else:
@@ -192,7 +192,8 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
     # The whole shutdown fits in --shutdown-timeout: bodies still arriving get a 503 at once (limits.read_body),
     # and in-flight work is cancelled by the engine (or batcher) at the deadline, so uvicorn's own wait never runs
     # out.
-    protocol = import_extra("gptedge.serve.protocol", "serve").timed_protocol(limits.header_timeout, state.dropped)
+    protocols = import_extra("gptedge.serve.protocol", "serve")
+    protocol = protocols.timed_protocol(limits.header_timeout, state.dropped, protocols.base_protocol(limits.http))
     config = uvicorn.Config(app.create_app(state, tuple(routes)), log_level="warning", lifespan="off",
                             http=protocol, timeout_graceful_shutdown=shutdown_timeout)
     server = _server(uvicorn, config, state, shutdown_timeout)

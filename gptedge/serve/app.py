@@ -38,6 +38,7 @@ from .classify_app import ClassifyApi
 from .classify_schema import generation_card
 from .completion_choices import ChoiceState, choice_sampling, returned, seeded
 from .event_stream import EventStream, Job
+from .off_loop import off_loop_unless_small, text_chars
 from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
@@ -106,12 +107,12 @@ class Api(Routes):
         self.chat = ChatRoute(self, served.chat_template or find_chat_template(model_dir), special_tokens(model_dir))
 
     def prompt_ids(self, params: CompletionParams) -> list[list[int]]:
-        """Each prompt's ids: tokenizer work, run off the event loop. The engine checks them (submit)."""
+        """Each prompt's ids (tokenizer work: off the event loop unless short). The engine checks them (submit)."""
         return [self.model.encode_prompt(p) if isinstance(p, str) else list(p) for p in params.prompts]
 
     def echoes(self, params: CompletionParams, ids: list[list[int]]) -> list[tuple[str, list[int] | None]]:
         """Each prompt's echoed text ('' without echo) and, with echo and logprobs, its tokens' offsets in it:
-        tokenizer work too, off the event loop, once the engine has checked the ids."""
+        tokenizer work too (off the event loop unless short), once the engine has checked the ids."""
         scored = params.echo and params.logprobs is not None
         return [(self.model.decode(p) if params.echo else "",
                  token_offsets(self.model.tokenizer, p) if scored else None) for p in ids]
@@ -168,11 +169,13 @@ class Api(Routes):
         del body, fields
         self.check_model(params.model)
         check_prompt_bytes(params.prompts, self.max_prompt_bytes)
-        ids = await run_in_threadpool(self.prompt_ids, params)  # tokenizer work: off the event loop
+        # tokenizer work: off the event loop unless the text is short
+        ids = await off_loop_unless_small(text_chars(params.prompts), self.prompt_ids, params)
         constraint = await run_in_threadpool(self.constraints.compile, asked) if asked else None
         job = self.submit(params, ids, constraint)  # the engine checks every prompt, then queues them all (or none)
-        try:
-            echoes = await run_in_threadpool(self.echoes, params, ids)
+        try:  # without echo no tokenizer work: on the loop
+            echoes = (self.echoes(params, ids) if not params.echo
+                      else await off_loop_unless_small(sum(map(len, ids)), self.echoes, params, ids))
         except BaseException:  # the client left while the echo decoded: nobody reads this job
             job.cancel()
             raise

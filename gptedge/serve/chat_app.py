@@ -23,6 +23,7 @@ from gptedge.runtime.modeldir.chat_template import ChatTemplateError, render_cha
 
 from .chat_schema import ChatCompletion, ChatParams, parse_chat_request, token_logprob
 from .limits import ClientGone, check_prompt_bytes, parse_json, read_body
+from .off_loop import off_loop_unless_small, text_chars
 from .openai_schema import ApiError
 from .routes import _wait_disconnect
 from .structured import requested_constraint
@@ -38,7 +39,7 @@ class ChatRoute:
         self.stop_ids = () if eos is None else (eos,)
 
     def prompt_ids(self, params: ChatParams) -> list[int]:
-        """Render and tokenize (tokenizer work: runs off the event loop)."""
+        """Render and tokenize (tokenizer work: off the event loop unless the messages are short)."""
         try:
             text = render_chat(self.template, params.messages, params.add_generation_prompt, self.tokens)
         except ChatTemplateError as e:
@@ -61,7 +62,8 @@ class ChatRoute:
                                 "start the server with --chat-template FILE", param="messages",
                            code="no_chat_template")
         check_prompt_bytes(tuple(str(m.get("content") or "") for m in params.messages), api.max_prompt_bytes)
-        ids = await run_in_threadpool(self.prompt_ids, params)
+        ids = await off_loop_unless_small(text_chars(str(m.get("content") or "") for m in params.messages),
+                                          self.prompt_ids, params)
         constraint = await run_in_threadpool(api.constraints.compile, asked) if asked else None
         job = api.submit_ids(ids, params.max_tokens, params.sampling, params.stop, params.top_logprobs,
                              params.ignore_eos, self.stop_ids, params.n, constraint)

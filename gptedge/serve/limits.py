@@ -47,10 +47,12 @@ class Limits:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S  # seconds, connection (or last response) to complete headers
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S  # seconds, headers to complete body
     max_json_depth: int = MAX_JSON_DEPTH
+    http: str = "auto"  # uvicorn's HTTP/1.1 protocol under the limits (protocol.base_protocol): auto, httptools, h11
 
 
 # why a request was not read to its end (/metrics: gptedge_http_dropped_total{reason=...})
-DROP_REASONS = ("client_disconnect", "header_timeout", "body_timeout", "body_too_large", "shutdown")
+DROP_REASONS = ("client_disconnect", "header_timeout", "header_too_large", "body_timeout", "body_too_large",
+                "shutdown")
 
 
 def _content_length(headers) -> int | None:

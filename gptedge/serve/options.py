@@ -87,6 +87,9 @@ def limit_options(fn):
                      help="Seconds a client has to send a request's headers; slower connections are closed."),
         click.option("--body-timeout", default=DEFAULT_BODY_TIMEOUT_S, show_default=True, type=Seconds(0.1),
                      help="Seconds a client has to send a request's body after its headers (408 beyond)."),
+        click.option("--http", default="auto", show_default=True, type=click.Choice(["auto", "httptools", "h11"]),
+                     help="HTTP/1.1 parser and writer: httptools (auto: when installed; cheaper per streamed token) "
+                          "or h11."),
     ]):
         fn = opt(fn)
     return fn

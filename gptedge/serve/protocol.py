@@ -1,27 +1,58 @@
-"""uvicorn's HTTP/1.1 protocol (h11) with a header read timeout: a client must send a request's complete
-headers within `header_timeout` seconds of connecting, or of the previous response on a kept-alive
-connection; otherwise the connection is closed and counted (`dropped["header_timeout"]`).
+"""uvicorn's HTTP/1.1 protocol with a header read timeout and a header size cap: a client must send a request's
+complete headers within `header_timeout` seconds of connecting, or of the previous response on a kept-alive
+connection, in at most MAX_HEADER_BYTES; otherwise the connection is closed and counted
+(`dropped["header_timeout"]`, `dropped["header_too_large"]`).
 
 uvicorn itself bounds only the idle time between requests (keep-alive), so a client sending one
 header byte every few seconds held its connection (and a slot of the accept backlog) indefinitely.
 The body's own timeout is the app's (limits.read_body), as only the app reads the body.
+
+The base is uvicorn's httptools protocol where httptools is installed (the serve extra installs it), else its h11
+one. Why: a streamed token is one chunk written through the protocol, and h11's pure-Python writer (its state
+machine, event objects and chunk framing) costs several times httptools' path, which formats the chunk header and
+writes: at 64 streaming clients the server's event loop spends its time there (docs/serving.md#the-gpu-at-64-clients).
+h11 bounds a request's headers itself (uvicorn's h11_max_incomplete_event_size, 16 KiB); httptools does not,
+so the cap is this class's, and the same for both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+log = logging.getLogger(__name__)
+
+MAX_HEADER_BYTES = 64 * 1024  # a request line and headers past this close the connection with a 431
+PROTOCOLS = ("auto", "httptools", "h11")
 
 
-def timed_protocol(header_timeout: float, dropped: Counter) -> type[H11Protocol]:
-    """An H11Protocol class (uvicorn.Config(http=...)) enforcing `header_timeout`, counting drops in `dropped`."""
+def base_protocol(name: str = "auto") -> type[asyncio.Protocol]:
+    """uvicorn's protocol class for `name`: httptools, h11, or auto (httptools when it imports, else h11)."""
+    if name not in PROTOCOLS:
+        raise ValueError(f"http protocol must be one of {', '.join(PROTOCOLS)}, got {name!r}")
+    if name in ("auto", "httptools"):
+        try:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+            return HttpToolsProtocol
+        except ImportError:  # httptools is not installed
+            if name == "httptools":
+                raise
+            log.info("httptools is not installed: serving through h11 (slower per streamed token)")
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    return H11Protocol
 
-    class TimedH11Protocol(H11Protocol):
+
+def timed_protocol(header_timeout: float, dropped: Counter, base: type[asyncio.Protocol] | None = None) -> type:
+    """A protocol class (uvicorn.Config(http=...)) over `base` (default base_protocol()) enforcing
+    `header_timeout` and MAX_HEADER_BYTES, counting drops in `dropped`."""
+    base = base or base_protocol()
+
+    class TimedProtocol(base):
         _timer: asyncio.TimerHandle | None = None
         _waiting_cycle = None  # the cycle current when the timer was armed: a new one means headers arrived
         _partial = False  # bytes of the awaited request have arrived (else the connection is merely idle)
+        _header_bytes = 0  # bytes received while the awaited request's headers are incomplete
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -29,8 +60,17 @@ def timed_protocol(header_timeout: float, dropped: Counter) -> type[H11Protocol]
 
         def data_received(self, data: bytes) -> None:
             self._partial = True
+            waiting = self._timer is not None
             super().data_received(data)
             self._disarm_if_headers_came()
+            if waiting and self._timer is not None:  # still no complete headers
+                self._header_bytes += len(data)
+                if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+                    self._cancel()
+                    dropped["header_too_large"] += 1
+                    self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+                                         b"connection: close\r\n\r\n")
+                    self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()  # may start the next pipelined request at once
@@ -44,7 +84,7 @@ def timed_protocol(header_timeout: float, dropped: Counter) -> type[H11Protocol]
 
         def _arm(self) -> None:
             self._cancel()
-            self._waiting_cycle, self._partial = self.cycle, False
+            self._waiting_cycle, self._partial, self._header_bytes = self.cycle, False, 0
             self._timer = self.loop.call_later(header_timeout, self._expired)
 
         def _cancel(self) -> None:
@@ -63,4 +103,5 @@ def timed_protocol(header_timeout: float, dropped: Counter) -> type[H11Protocol]
                     dropped["header_timeout"] += 1
                 self.transport.close()
 
-    return TimedH11Protocol
+    TimedProtocol.__name__ = f"Timed{base.__name__}"
+    return TimedProtocol

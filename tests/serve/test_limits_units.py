@@ -189,7 +189,8 @@ def test_a_lone_surrogate_in_a_key_is_named_escaped():
 
 def test_drops_are_counted_on_top_of_earlier_ones():
     """/metrics shows gptedge_http_dropped_total{reason=...} for each of DROP_REASONS: a running count, not a flag."""
-    assert DROP_REASONS == ("client_disconnect", "header_timeout", "body_timeout", "body_too_large", "shutdown")
+    assert DROP_REASONS == ("client_disconnect", "header_timeout", "header_too_large", "body_timeout", "body_too_large",
+                            "shutdown")
     cases = [([], {"headers": {"content-length": "11"}}, "body_too_large"),
              ([b"12345678901"], {}, "body_too_large"),
              ([{"type": "http.disconnect"}], {}, "client_disconnect"),

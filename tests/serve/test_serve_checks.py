@@ -118,9 +118,14 @@ def test_logprobs_zero_reports_the_token_and_no_alternatives(app, gpt2_loaded):
     assert lp["top_logprobs"] == [{}, {}, {}]
 
 
-def test_the_prompt_is_encoded_and_echoed_off_the_event_loop(app, gpt2_loaded, monkeypatch):
-    """Tokenizer work (encode, and the echo's decode) runs in a worker thread, never on the event loop, where a long
-    prompt would stall every other stream."""
+@pytest.mark.parametrize("inline_chars, expected", [(None, ["encode", "decode"]), (3, [None, None])])
+def test_a_long_prompt_is_encoded_and_echoed_off_the_event_loop_a_short_one_on_it(app, gpt2_loaded, monkeypatch,
+                                                                                  inline_chars, expected):
+    """Tokenizer work (encode, and the echo's decode) on long text runs in a worker thread, never on the event loop,
+    where it would stall every other stream; on short text it runs on the loop, which costs the loop less than the
+    hop to a worker (gptedge/serve/off_loop.py)."""
+    from gptedge.serve import off_loop
+
     _, client = app
     on_loop = []
 
@@ -136,9 +141,11 @@ def test_the_prompt_is_encoded_and_echoed_off_the_event_loop(app, gpt2_loaded, m
 
     for name in ("encode", "decode"):
         monkeypatch.setattr(gpt2_loaded, name, recording(getattr(gpt2_loaded, name)))
+    if inline_chars is not None:  # "The quick brown fox" (19 characters, 4 tokens) is long then
+        monkeypatch.setattr(off_loop, "INLINE_TEXT_CHARS", inline_chars)
     body = {"prompt": "The quick brown fox", "max_tokens": 2, "temperature": 0, "echo": True}
     assert post(client, body).json()["choices"][0]["text"].startswith("The quick brown fox")
-    assert on_loop == [None, None]  # one encode, one decode, both in a worker
+    assert on_loop == expected  # one encode, one decode
 
 
 def test_stop_strings_finish_reasons_usage_and_echo(app, gpt2_loaded):
