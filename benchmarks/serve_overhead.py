@@ -18,7 +18,9 @@ Per generated token (each request's prefill counted in, as one of its runs):
 - `ort_pool_us`: CPU of the threads Python did not start (ONNX Runtime's intra-op pool: with spinning on, the
   spin-wait too);
 - `cpu_us`: the process's CPU (every thread living at the end; from /proc's schedstat, ns);
-- `wall_us`: the client's (or the loop's) wall time per token.
+- `wall_us`: the client's (or the loop's) wall time per token;
+- below the table, the serve process's CPU per token by thread name (MainThread: the event loop; gptedge-engine;
+  gptedge-step: the step run ahead; ort: threads Python did not start).
 Shares are CPU seconds per token: on a shared machine they move less than speeds, and only ratios measured
 back-to-back mean anything.
 
@@ -47,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import load_prompts, one_request, stop_server  # noqa: E402 - after the sys.path line above
 
 SNAPSHOT_ENV = "SERVE_OVERHEAD_SNAPSHOT"
+INSTANT_ENV = "SERVE_OVERHEAD_INSTANT_AFTER"  # N: the child's session runs after the first N return at once
+DEVICE_POOL_ENV = "SERVE_OVERHEAD_DEVICE_POOL"  # set: the child serves through the GPU's slot pool (--device-pool)
 ORT_CONFIG_ENV = "SERVE_OVERHEAD_ORT_CONFIG"  # KEY=VALUE,...: session config entries both children add (an A/B)
 
 
@@ -61,10 +65,13 @@ class Counters:
         import onnxruntime as ort
 
         original, counters = ort.InferenceSession.run_with_iobinding, self
+        real_runs = int(os.environ.get(INSTANT_ENV) or 0) or None  # then every run returns at once (--instant)
 
         def timed(session, *args, **kwargs):
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
+                if real_runs is not None and counters.runs >= real_runs:
+                    return None  # the bound outputs keep the last real run's values: valid ids and logits
                 return original(session, *args, **kwargs)
             finally:
                 counters.run_cpu += time.thread_time() - cpu
@@ -92,7 +99,12 @@ class Counters:
             threads[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
         main = threading.main_thread().native_id
         caller = self.caller_tid
-        return {"runs": self.runs, "run_wall": self.run_wall, "run_cpu": self.run_cpu,
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        by_name: dict[str, float] = {}  # CPU seconds by Python thread name ("ort" for the rest)
+        for tid, cpu in threads.items():
+            name = re.sub(r"_\d+$", "", names.get(tid, "ort"))  # a pool's workers together
+            by_name[name] = by_name.get(name, 0.0) + cpu
+        return {"runs": self.runs, "run_wall": self.run_wall, "run_cpu": self.run_cpu, "by_name": by_name,
                 "caller": threads.get(caller, 0.0) if caller else 0.0,
                 "main": threads.get(main, 0.0) if main != caller else 0.0,
                 "other_py": sum(v for t, v in threads.items() if t in python and t not in (main, caller)),
@@ -101,16 +113,32 @@ class Counters:
 
 
 def per_token(before: dict, after: dict, tokens: int, wall: float) -> dict:
-    d = {k: after[k] - before[k] for k in before}
+    d = {k: after[k] - before[k] for k in before if k != "by_name"}
     us = 1e6 / tokens
     return {"tokens": tokens, "wall_us": wall * us, "ort_wall_us": d["run_wall"] * us, "ort_runs": d["runs"] / tokens,
             "engine_py_us": (d["caller"] - d["run_cpu"]) * us, "loop_us": d["main"] * us,
-            "other_py_us": d["other_py"] * us, "ort_pool_us": d["ort_pool"] * us, "cpu_us": d["cpu"] * us}
+            "other_py_us": d["other_py"] * us, "ort_pool_us": d["ort_pool"] * us, "cpu_us": d["cpu"] * us,
+            "threads_us": {k: (v - before["by_name"].get(k, 0.0)) * us for k, v in after["by_name"].items()}}
+
+
+def use_device_slot_pool() -> None:
+    """The serving engine on the GPU's pool (DeviceSlotPool: tokens picked in the graph, the next step run during
+    emission) over the CPU session, as `serve --device cuda` runs: with a tiny model, what is left per token is
+    the host's own cost, the part a GPU server is bound by at many clients."""
+    from gptedge.runtime.graphs.kv_buffer_graph import KVBufferGraph
+    from gptedge.runtime.graphs.device_slot_pool import DeviceSlotPool
+
+    def sequence_pool(variant, capacity: int, max_length: int):
+        return DeviceSlotPool(variant, capacity, max_length, variant.pool_decoder(capacity), variant.pool_decoder)
+
+    KVBufferGraph.sequence_pool = sequence_pool
 
 
 def child_serve(argv: list[str]) -> None:
     counters = Counters()
     counters.patch()
+    if os.environ.get(DEVICE_POOL_ENV):
+        use_device_slot_pool()
     path = Path(os.environ[SNAPSHOT_ENV])
 
     def dump(signum, frame) -> None:
@@ -221,6 +249,11 @@ def main() -> None:
     ap.add_argument("--no-bench", action="store_true", help="Serve only (an A/B of serve options).")
     ap.add_argument("--clients", type=int, default=1, help="Concurrent streaming clients, each sending --requests "
                     "(the serve side; the bench loop stays one prompt).")
+    ap.add_argument("--device-pool", action="store_true", help="Serve through the GPU's slot pool on the CPU (a "
+                    "tiny model then leaves the host's own cost per token: what bounds serve --device cuda at many "
+                    "clients).")
+    ap.add_argument("--instant", action="store_true", help="With --device-pool: after the server's warm-up, every "
+                    "model run returns at once (outputs left from the last real run): the host's ceiling, no model.")
     ap.add_argument("--child-bench", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="Also write every row here.")
     args = ap.parse_args()
@@ -231,6 +264,12 @@ def main() -> None:
         return child_bench(args)
     args.serve_args = args.serve_args.split()
     os.environ[ORT_CONFIG_ENV] = args.ort_config
+    if args.device_pool:
+        os.environ[DEVICE_POOL_ENV] = "1"
+    if args.instant:
+        if not args.device_pool or not args.no_bench:
+            ap.error("--instant needs --device-pool and --no-bench")
+        os.environ[INSTANT_ENV] = "64"  # the warm-up request's runs (and more) are real
     from gptedge.runtime.modeldir.manifest import read_manifest
 
     prompts = load_prompts(read_manifest(args.model).shape.vocab_size, args)
@@ -251,6 +290,10 @@ def main() -> None:
         med = {c: statistics.median(r[c] for r in runs) for c in COLUMNS}
         print(f"| {name} median | " + " | ".join(f"{med[c]:.2f}" if c == "ort_runs" else f"{med[c]:.0f}"
                                                   for c in COLUMNS) + " |")
+    for r in rows["serve"]:  # the serve process's CPU per token by thread (the GIL's share: every Python thread's)
+        print("serve threads, us per token: " + ", ".join(f"{k} {v:.1f}" for k, v in
+                                                        sorted(r["threads_us"].items(), key=lambda kv: -kv[1])
+                                                        if v >= 0.05))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
