@@ -183,7 +183,11 @@ class Api(Routes):
                    for echo, offsets in echoes for _ in range(params.best_of)]
         out = Completion(self.state.name)
         if params.stream:
-            return EventStream(job, functools.partial(self.stream_chunks, job, params, choices, out, ids))
+            templates: dict[int, tuple[str, str]] = {}  # each choice's text chunk, encoded once (_text_chunk)
+            plain = (None if params.logprobs is not None  # with logprobs every event carries an entry: no fast lane
+                     else functools.partial(self.plain_chunk, choices, out, templates))
+            return EventStream(job, functools.partial(self.stream_chunks, job, params, choices, out, ids, templates),
+                               plain)
         gone = asyncio.ensure_future(_wait_disconnect(request.receive))
         try:
             async for i, event in job.events(gone):
@@ -200,9 +204,8 @@ class Api(Routes):
             sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
 
     async def stream_chunks(self, job: Job, params: CompletionParams, choices: list[ChoiceState], out: Completion,
-                            ids: list[list[int]], gone) -> AsyncIterator[str]:
+                            ids: list[list[int]], templates: dict[int, tuple[str, str]], gone) -> AsyncIterator[str]:
         """Streams only when best_of == n: choice i is engine request i."""
-        templates: dict[int, tuple[str, str]] = {}  # each choice's text chunk, encoded once (_text_chunk)
         for i, c in enumerate(choices):
             if c.echo and c.prompt_offsets is None:  # an echo with logprobs waits for them (its first event)
                 yield _dumps(out.chunk(i, c.echo))
@@ -221,6 +224,16 @@ class Api(Routes):
         if params.include_usage:
             yield _dumps(out.usage_chunk(sum(map(len, ids)), sum(c.completion_tokens for c in choices)))
         yield "[DONE]"
+
+    def plain_chunk(self, choices: list[ChoiceState], out: Completion, templates: dict[int, tuple[str, str]],
+                    index: int, event: TokenEvent) -> str | None:
+        """What stream_chunks sends for a plain token's event (no finish, no prompt logprobs; the stream asked for
+        no logprobs): its text chunk, or "" for an event without text; None for any other event. The stream's fast
+        lane (event_stream.py) calls it on the loop instead of waking stream_chunks."""
+        if event.finish_reason is not None or event.prompt_logprobs is not None:
+            return None
+        choices[index].take(event, self.token_text, None)  # without logprobs: adds the text, returns (None, None)
+        return _text_chunk(out, templates, index, event.text) if event.text else ""
 
     def card(self) -> dict:
         return {**model_card(self.state.name, self.state.created), **generation_card(self.context)}

@@ -25,6 +25,29 @@ log = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers past this close the connection with a 431
 PROTOCOLS = ("auto", "httptools", "h11")
+WRITE_CHUNK = "gptedge.write_chunk"  # scope["extensions"] key: the request's ChunkWriter (httptools' protocol only)
+
+
+class ChunkWriter:
+    """Writes body chunks of one request's chunked response straight to its transport (event_stream.py's fast lane),
+    bypassing the ASGI send and its middleware layers; the bytes are those uvicorn's httptools send writes for a
+    body message with more_body. ready() says whether a write now would be one that send makes at once: the
+    response started, chunked, not complete, the client there, the socket not paused (send would wait for it to
+    drain, and a chunk written meanwhile would overtake the one waiting)."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle):
+        self._cycle = cycle  # uvicorn's httptools RequestResponseCycle
+
+    def ready(self) -> bool:
+        c = self._cycle
+        return (c.response_started and not c.response_complete and not c.disconnected and c.chunked_encoding is True
+                and c.scope["method"] != "HEAD" and not c.flow.write_paused and not c.transport.is_closing())
+
+    def write(self, body: bytes) -> None:
+        if body:
+            self._cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
 
 
 def base_protocol(name: str = "auto") -> type[asyncio.Protocol]:
@@ -47,6 +70,7 @@ def timed_protocol(header_timeout: float, dropped: Counter, base: type[asyncio.P
     """A protocol class (uvicorn.Config(http=...)) over `base` (default base_protocol()) enforcing
     `header_timeout` and MAX_HEADER_BYTES, counting drops in `dropped`."""
     base = base or base_protocol()
+    writes_chunks = base.__name__ == "HttpToolsProtocol"  # h11's writer keeps state a direct write would bypass
 
     class TimedProtocol(base):
         _timer: asyncio.TimerHandle | None = None
@@ -71,6 +95,11 @@ def timed_protocol(header_timeout: float, dropped: Counter, base: type[asyncio.P
                     self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
                                          b"connection: close\r\n\r\n")
                     self.transport.close()
+
+        if writes_chunks:
+            def on_headers_complete(self) -> None:
+                super().on_headers_complete()  # makes the cycle; its ASGI task has not run yet
+                self.scope.setdefault("extensions", {})[WRITE_CHUNK] = ChunkWriter(self.cycle)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()  # may start the next pipelined request at once

@@ -234,3 +234,113 @@ def test_a_finished_loop_is_not_kept_alive_by_its_waker():
     ref = asyncio.run(main())
     gc.collect()
     assert ref() is None
+
+
+class _Writer:
+    """A ChunkWriter stand-in: records the bodies written past the ASGI send; `ready` toggles it."""
+
+    def __init__(self, ready: bool = True):
+        self.bodies, self.is_ready = [], ready
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def write(self, body: bytes) -> None:
+        self.bodies.append(body)
+
+
+def _plain(index: int, event: TokenEvent) -> str | None:
+    """A route's plain(): a token without a finish is plain ("x" -> "x", "" -> nothing to send)."""
+    return None if event.finish_reason is not None else event.text
+
+
+def _fast_lane_stream(writer: _Writer | None, script, slow_send_s: float = 0.0) -> tuple[list, list]:
+    """An EventStream over a job fed by `script(callbacks)` (an async producer) -> (the ASGI send's bodies in order
+    as (how, body), the data the route's chunks() yielded). With a writer in the scope the fast lane is on."""
+    async def main():
+        engine = _Handles()
+        job = Job(engine)
+        job.submit([object()])
+        sent, yielded = [], []
+
+        async def chunks(gone):
+            async for _, event in job.events(gone):
+                if event.text:
+                    yielded.append(event.text)
+                    yield event.text
+
+        async def receive():
+            await asyncio.Event().wait()
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                if slow_send_s:
+                    await asyncio.sleep(slow_send_s)  # a send that suspends before it writes (a paused socket)
+                sent.append(("send", message["body"]))
+
+        if writer is not None:  # the writer's bodies land in the same record, in the order written
+            writer.write = lambda body: sent.append(("fast", body))
+        scope = {"extensions": {"gptedge.write_chunk": writer}} if writer is not None else {}
+        await asyncio.gather(EventStream(job, chunks, _plain)(scope, receive, send), script(engine.callbacks[0]))
+        return sent, yielded
+
+    return asyncio.run(asyncio.wait_for(main(), 30))
+
+
+async def _tokens_then_finish(callback):
+    for k in range(5):
+        await asyncio.sleep(0.01)  # the reader is parked each time
+        callback(_event(f"t{k}"))
+    await asyncio.sleep(0.01)
+    callback(_event(""))  # plain, nothing to send
+    await asyncio.sleep(0.01)
+    callback(_event("end", last=True))
+
+
+def test_the_fast_lane_writes_plain_tokens_itself_and_the_reader_sends_the_rest_in_order():
+    sent, yielded = _fast_lane_stream(_Writer(), _tokens_then_finish)
+    assert sent == [("fast", f"data: t{k}\n\n".encode()) for k in range(5)] + [("send", b"data: end\n\n"),
+                                                                                ("send", b"")]
+    assert yielded == ["end"]  # the reader saw only the finish
+
+
+def test_without_a_ready_writer_or_any_writer_the_reader_sends_every_token():
+    expected = [("send", f"data: t{k}\n\n".encode()) for k in range(5)] + [("send", b"data: end\n\n"), ("send", b"")]
+    for writer in (_Writer(ready=False), None):
+        sent, yielded = _fast_lane_stream(writer, _tokens_then_finish)
+        assert sent == expected
+        assert yielded == [f"t{k}" for k in range(5)] + ["end"]
+
+
+def test_a_burst_mixing_plain_and_finishing_events_keeps_its_order():
+    async def burst(callback):
+        await asyncio.sleep(0.01)
+        for k in range(3):
+            callback(_event(f"a{k}"))
+        callback(_event("stop", last=True))  # not plain: it and what follows go to the reader
+
+    sent, yielded = _fast_lane_stream(_Writer(), burst)
+    body = b"".join(b for _, b in sent)
+    assert body == b"".join(f"data: {t}\n\n".encode() for t in ("a0", "a1", "a2", "stop"))
+    assert sent[0] == ("fast", b"data: a0\n\ndata: a1\n\ndata: a2\n\n")  # the plain lead in one write
+    assert yielded == ["stop"]
+
+
+def test_the_fast_lane_never_overtakes_a_send_still_waiting_to_write():
+    """The reader's send suspends before writing (the socket paused, then draining) while plain tokens arrive and
+    the socket turns writable: they must not be written ahead of the body that send is holding."""
+    writer = _Writer(ready=False)  # paused: the first tokens go through the reader
+
+    async def script(callback):
+        callback(_event("first"))
+        callback(_event(""))  # handed over with "first": its chunk is held, sent as the reader is about to wait
+        await asyncio.sleep(0.005)  # now that send waits (draining) and the socket is writable again
+        writer.is_ready = True
+        for k in range(3):
+            callback(_event(f"n{k}"))
+            await asyncio.sleep(0.01)
+        callback(_event("end", last=True))
+
+    sent, _ = _fast_lane_stream(writer, script, slow_send_s=0.02)
+    body = b"".join(b for _, b in sent)
+    assert body == b"".join(f"data: {t}\n\n".encode() for t in ("first", "n0", "n1", "n2", "end"))
