@@ -205,9 +205,10 @@ def test_headers_past_the_cap_close_the_connection(server):
         except (BrokenPipeError, ConnectionResetError):
             pass
         assert read_status(sock) in (None, 400, 431)
-        sock.settimeout(TIMEOUT_S / 2)  # closed, not waiting for the header timeout
+        sock.settimeout(TIMEOUT_S / 2)  # closed, not waiting for the header timeout (a timeout here fails)
         try:
-            assert sock.recv(1) == b""
+            while sock.recv(65536):  # the rest of the response, then the close
+                pass
         except ConnectionResetError:
             pass
     after = metrics(server)
