@@ -315,12 +315,16 @@ class Engine:
     def _decode_step(self) -> None:
         if self._ahead is not None and self._ahead.out:  # run ahead over exactly these rows (and the leavers)
             picked = self._ahead.take()
+            if picked is None:  # the chain ended with no step left: the next turn is an ordinary one
+                return
             self._drop_cancelled()  # cancelled while their tokens were emitted: no token after a cancel
             selected = [(None, picked[a.seq]) for a in self._running]
         else:
             selected = self._step_now()
-        if self._steps_ahead(selected):  # the next step runs on the GPU while these tokens are emitted
+        if self._steps_ahead(selected):  # the next steps run on the GPU while these tokens are emitted
             self._ahead.launch([a.seq for a in self._running], np.array([tok for _, tok in selected], np.int64))
+        elif self._ahead is not None:
+            self._ahead.stop()  # its steps done come first next turn; then the pool is this thread's again
         for active, (row, tok) in zip(list(self._running), selected, strict=True):
             self._emit_next(active, row, tok)
             if active.state.result.stop:
@@ -437,8 +441,8 @@ class Engine:
         for a in [a for a in self._running if a.cancelled.is_set()]:
             self._running.remove(a)
             gone.append(a)
-        for a in gone:
-            self.pool.remove(a.seq)
+        for a in gone:  # a running row's slot: once no step runs ahead over it
+            (self.pool if self._ahead is None else self._ahead).remove(a.seq)
             self._finish(a, "", None, reason=FinishReason.CANCELLED)
         self.metrics.running = len(self._running)
 

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -39,67 +41,131 @@ SWITCH_INTERVAL_S = 0.0002  # CPython's GIL hand-over interval (default 0.005): 
 # 10,549 to 13,096. So only a batch of at least this many rows steps ahead.
 MIN_ROWS = 16
 
+# Steps a chain may run ahead of the engine's emission. With 1 each next step waited for the engine thread to take
+# the last one and hand it over (the worker's wake-up and the engine's, each a GIL hand-over under a busy event loop:
+# ~0.3-0.6 ms a step on an H200 host, against a 2 ms step); with 2 the worker launches the next step from the picks
+# it just read, and the engine emits one step behind.
+CHAIN_DEPTH = 2
+
 
 class StepAhead:
-    """The one step out at a time over a pool that picks greedy rows on the device (step_picked, room_to_step)."""
+    """Steps run ahead over a pool that picks greedy rows on the device (step_picked, room_to_step): a chain of them
+    on one worker thread, each fed the last one's picks, until the engine stops it (see CHAIN_DEPTH)."""
 
-    def __init__(self, pool, min_rows: int = MIN_ROWS):
+    def __init__(self, pool, min_rows: int = MIN_ROWS, depth: int | None = None):
         self._pool, self.min_rows = pool, min_rows
+        self.depth = CHAIN_DEPTH if depth is None else depth  # steps done and not yet taken, at most
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gptedge-step")
-        self._out: tuple[list[int], Future] | None = None  # the seqs stepped, in order, and the step's future
-        self._leaving: list[int] = []  # rows that ended while the step was out: their slots are freed after it
+        self._cv = threading.Condition()
+        self._done: deque[tuple[list[int], np.ndarray | None, BaseException | None]] = deque()  # steps not taken
+        self._active = False  # the chain runs on the worker (it touches the pool)
+        self._stop = False  # the chain ends after the step it is running
+        self._leaving: list[int] = []  # rows that ended while the chain ran: their slots are freed after it
         self.launched = 0  # steps run ahead so far (a figure for tests and metrics)
         self._switch_before: float | None = None  # the process's GIL switch interval before the first launch
 
     @property
     def out(self) -> bool:
-        """A step is running or done and not yet taken."""
-        return self._out is not None
+        """A chain runs, or steps of it are done and not yet taken."""
+        with self._cv:
+            return self._active or bool(self._done)
 
     def can_launch(self, rows: int) -> bool:
-        """Whether a step of `rows` joined rows may go out now: none is out, the batch is big enough for the
-        overlap to pay, and every row has room for one more position."""
-        return self._out is None and rows >= self.min_rows and self._pool.room_to_step()
+        """Whether steps of `rows` joined rows may run ahead now: the batch is big enough for the overlap to pay,
+        and every row has room for one more position (a running chain checks that itself before each step)."""
+        if rows < self.min_rows:
+            return False
+        with self._cv:
+            if self._active or self._done:
+                return self._active and not self._stop
+        return self._pool.room_to_step()
 
     def launch(self, seqs: Sequence[int], tokens: np.ndarray) -> None:
-        """Step every joined sequence (seqs, each fed its token in tokens (n,) int64), greedy picks only."""
-        if self._out is not None:
-            raise RuntimeError("a step is already out")
+        """Step every joined sequence (seqs, each fed its token in tokens (n,) int64), greedy picks only, then on
+        from each step's picks; a chain still running goes on by itself (these tokens are its last picks)."""
+        with self._cv:
+            if self._active and not self._stop:
+                return
+            if self._active or self._done:
+                raise RuntimeError("steps are out: take them first")
+            self._active, self._stop = True, False
         if self._switch_before is None and sys.getswitchinterval() > SWITCH_INTERVAL_S:
             self._switch_before = sys.getswitchinterval()
             log.info("stepping ahead: the GIL's switch interval %.4f s -> %.4f s", self._switch_before,
                      SWITCH_INTERVAL_S)
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        seqs = list(seqs)
-        self._out = (seqs, self._worker.submit(self._pool.step_picked, seqs, tokens, [False] * len(seqs)))
-        self.launched += 1
+        self._worker.submit(self._chain, list(seqs), np.asarray(tokens, np.int64))
 
-    def take(self) -> dict[int, int]:
-        """Wait for the step out -> each stepped seq's picked token; the slots of rows that left meanwhile freed
-        (also when the step failed: its error is raised after)."""
-        seqs, future = self._out
-        self._out = None
-        try:
-            picked, _ = future.result()
-        finally:
-            self._free_leavers()
+    def _chain(self, seqs: list[int], tokens: np.ndarray) -> None:  # on the worker
+        needs = [False] * len(seqs)
+        while True:
+            try:
+                picked, _ = self._pool.step_picked(seqs, tokens, needs)
+                done, failed = (seqs, picked, None), False
+            except BaseException as e:  # the engine raises it when it takes this step
+                done, failed = (seqs, None, e), True
+            with self._cv:
+                self._done.append(done)
+                self.launched += 1
+                self._cv.notify_all()
+                while not self._stop and not failed and len(self._done) >= self.depth:
+                    self._cv.wait()  # the engine is behind: wait for it to take one
+                if self._stop or failed or not self._pool.room_to_step():
+                    self._free_leavers_now()  # still this chain's pool: the engine waits for it to end first
+                    self._active = False
+                    self._cv.notify_all()
+                    return
+            tokens = picked
+
+    def take(self) -> dict[int, int] | None:
+        """Wait for the oldest step not taken -> each stepped seq's picked token (its error raised instead, once the
+        chain has ended), or None when the chain ended with no step left to take (stopped while it waited for the
+        engine); the slots of rows that left are freed as soon as no chain runs."""
+        with self._cv:
+            while not self._done and self._active:
+                self._cv.wait()
+            step = self._done.popleft() if self._done else None  # None: the chain ended in its wait for the engine
+            self._cv.notify_all()  # a chain waiting for room in self._done goes on
+            if step is not None and step[2] is not None:  # a failed step ends its chain: let it end
+                self._stop = True
+                while self._active:
+                    self._cv.wait()
+        self._free_leavers()
+        if step is None:
+            return None
+        seqs, picked, error = step
+        if error is not None:
+            raise error
         return dict(zip(seqs, picked.tolist(), strict=True))
 
+    def stop(self) -> None:
+        """End the chain after the step it is running (its steps done are still taken, in order)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
     def remove(self, seq: int) -> None:
-        """Free a row's slot: now, or once the step out is back."""
-        if self._out is None:
-            self._pool.remove(seq)
-        else:
-            self._leaving.append(seq)
+        """Free a row's slot: now, or once no chain runs (which then ends after its current step)."""
+        with self._cv:
+            if self._active:
+                self._leaving.append(seq)
+                self._stop = True
+                self._cv.notify_all()
+                return
+        self._pool.remove(seq)
 
     def settle(self) -> None:
-        """Wait for any step out, dropping its picks (and logging its error: the caller is failing or stopping
-        anyway), and free the leavers' slots: the pool is the engine thread's alone again."""
-        if self._out is not None:
-            try:
-                self.take()
-            except Exception as e:  # already on the way out: the caller fails or cancels every row itself
-                log.warning("a step run ahead failed: %s: %s", type(e).__name__, str(e).splitlines()[0][:200])
+        """End any chain, dropping the picks not taken (and logging a step's error: the caller is failing or
+        stopping anyway), and free the leavers' slots: the pool is the engine thread's alone again."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+            while self._active:
+                self._cv.wait()
+            errors = [e for _, _, e in self._done if e is not None]
+            self._done.clear()
+        for e in errors[:1]:
+            log.warning("a step run ahead failed: %s: %s", type(e).__name__, str(e).splitlines()[0][:200])
         self._free_leavers()
 
     def close(self) -> None:
@@ -110,6 +176,11 @@ class StepAhead:
             sys.setswitchinterval(self._switch_before)  # as it was
 
     def _free_leavers(self) -> None:
+        with self._cv:
+            if not self._active:
+                self._free_leavers_now()
+
+    def _free_leavers_now(self) -> None:  # holding self._cv, no step running
         leaving, self._leaving = self._leaving, []
         for seq in leaving:
             self._pool.remove(seq)

@@ -252,3 +252,62 @@ def test_stop_with_a_step_out_cancels_the_rows_and_frees_every_slot(served):
     assert [c.last.finish_reason for c in got] == [FinishReason.CANCELLED] * 3
     assert sorted(pool._free) == list(range(4)) and not pool._joined
     assert sys.getswitchinterval() == before  # and put back when it closed
+
+
+class _CountingPool:
+    """A pool stand-in: each step picks every fed token + 1; records removes and the steps run."""
+
+    def __init__(self):
+        self.steps, self.removed = [], []
+
+    def step_picked(self, seqs, tokens, needs):
+        self.steps.append(list(np.asarray(tokens)))
+        return np.asarray(tokens) + 1, None
+
+    def room_to_step(self) -> bool:
+        return True
+
+    def remove(self, seq: int) -> None:
+        self.removed.append(seq)
+
+
+def _until(condition, bound_s: float = 10.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert condition()
+
+
+def test_a_chain_runs_its_depth_ahead_of_the_engine_then_waits_for_it():
+    from gptedge.runtime.serving.step_ahead import StepAhead
+
+    pool = _CountingPool()
+    ahead = StepAhead(pool, min_rows=1, depth=2)
+    ahead.launch([7, 9], np.array([10, 20]))
+    _until(lambda: len(pool.steps) == 2)
+    time.sleep(0.05)
+    assert len(pool.steps) == 2  # two steps done and not taken: the chain waits
+    assert ahead.take() == {7: 11, 9: 21}  # each step fed the last one's picks
+    _until(lambda: len(pool.steps) == 3)
+    assert pool.steps == [[10, 20], [11, 21], [12, 22]]
+    assert ahead.take() == {7: 12, 9: 22}
+    ahead.launch([7, 9], np.array([12, 22]))  # the chain goes on by itself: a no-op
+    assert ahead.take() == {7: 13, 9: 23}
+    ahead.close()
+    assert not ahead.out
+
+
+def test_a_chain_stopped_while_it_waits_leaves_its_steps_to_take_then_none_and_frees_the_leavers():
+    from gptedge.runtime.serving.step_ahead import StepAhead
+
+    pool = _CountingPool()
+    ahead = StepAhead(pool, min_rows=1, depth=2)
+    ahead.launch([7, 9], np.array([10, 20]))
+    _until(lambda: len(pool.steps) == 2)
+    ahead.remove(9)  # a row ended: the chain stops; its slot waits for the chain to end
+    assert ahead.take() == {7: 11, 9: 21}
+    assert ahead.take() == {7: 12, 9: 22}  # done before the stop: still the engine's, in order
+    assert ahead.take() is None  # it ended in its wait: nothing more comes
+    assert pool.removed == [9] and len(pool.steps) == 2 and not ahead.out
+    assert ahead.can_launch(1)
+    ahead.close()
