@@ -70,6 +70,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_peer beside it, also when loaded by path (tests)
 
 ROOT = Path(__file__).resolve().parents[1]
+KEEP_ALIVE_ENV = "SERVE_LOAD_KEEP_ALIVE"  # set: clients reuse their connections (--keep-alive)
 
 
 @dataclass
@@ -185,8 +186,10 @@ async def run_clients(url: str, prompts: list[list[int]], clients: int, per_clie
 
     # A fresh connection per request, for every server alike: llama-server may close an idle keep-alive connection
     # just as the client reuses it ("Server disconnected without sending a response"); a loopback connect costs
-    # ~0.1 ms against first tokens of tens of ms.
-    limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=0)
+    # ~0.1 ms against first tokens of tens of ms. --keep-alive (KEEP_ALIVE_ENV, seen by the client processes too):
+    # each client reuses its connection, as the openai client does.
+    kept = clients + 1 if os.environ.get(KEEP_ALIVE_ENV) else 0
+    limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=kept)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         started = time.perf_counter()
         done = await asyncio.gather(*(client(i, http) for i in range(first, first + clients)))
@@ -319,6 +322,8 @@ def main() -> None:
                     help="Where generate and the server run (cuda: the GPU's slot pool and CUDA graphs).")
     ap.add_argument("--client-procs", type=int, default=1,
                     help="Processes the clients are spread over (a GPU server at 64 clients outruns one).")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="Each client reuses its connection (the openai client's way) instead of one per request.")
     ap.add_argument("--serve-args", default=None,
                     help="gptedge serve options appended, as --serve-args='--spin' (an A/B of a serve option).")
     peer = ap.add_argument_group("--peer llama-server")
@@ -334,13 +339,16 @@ def main() -> None:
     args.clients = [int(c) for c in args.clients.split(",")]
     args.max_batch = args.max_batch or max(args.clients)
     args.serve_args = shlex.split(args.serve_args or "")
+    if args.keep_alive:
+        os.environ[KEEP_ALIVE_ENV] = "1"  # the client processes inherit it
     if args.peer is None:
         given = [f"--{k.replace('_', '-')}" for k in ("checkpoint", "peer_recipes", "peer_args", "runs", "work", "out")
                  if getattr(args, k) is not None]
         if given:
             ap.error(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --peer llama-server")
         print(f"serve_load: prompt {args.prompt}, new {args.new} (greedy, ignore_eos), {args.requests} requests per "
-              f"client, server --max-batch {args.max_batch} --threads {args.threads}"
+              f"client{' (one connection each)' if args.keep_alive else ''}, "
+              f"server --max-batch {args.max_batch} --threads {args.threads}"
               f"{''.join(' ' + a for a in args.serve_args)}; "
               f"{platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}")
         for model in args.models:
