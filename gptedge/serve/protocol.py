@@ -10,7 +10,7 @@ The body's own timeout is the app's (limits.read_body), as only the app reads th
 The base is uvicorn's httptools protocol where httptools is installed (the serve extra installs it), else its h11
 one. Why: a streamed token is one chunk written through the protocol, and h11's pure-Python writer (its state
 machine, event objects and chunk framing) costs several times httptools' path, which formats the chunk header and
-writes: at 64 streaming clients the server's event loop spends its time there (docs/serving.md#the-gpu-at-64-clients).
+writes: at 64 streaming clients the server's event loop spends its time there (docs/design.md#serving).
 h11 bounds a request's headers itself (uvicorn's h11_max_incomplete_event_size, 16 KiB); httptools does not,
 so the cap is this class's, and the same for both.
 """

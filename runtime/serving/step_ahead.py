@@ -1,19 +1,22 @@
-"""The next decode step launched before this one's tokens are emitted (the GPU's pool; docs/design.md#serving).
+"""Decode steps run ahead of their tokens' emission, as a chain on a worker thread (the GPU's pool;
+docs/design.md#serving).
 
 On a GPU the engine's turn was: run the step (~2.2 ms for 64 rows of GPT-2 small fp16 on an H100, the thread waiting
 in ONNX Runtime), then emit each row's token on the host (select, detokenize, stop checks, the HTTP layer's
 callback: ~20 us a row, ~1.3 ms for 64), then the next step. The GPU idled while the host emitted. When every
 running row's token was picked on the device (plain greedy rows: DeviceSlotPool.step_picked), the next step's input
-is known before any of this step's tokens is emitted: it is the picks themselves. So the engine hands that step to
-this worker thread and emits meanwhile; ONNX Runtime releases the GIL while it runs, so the two overlap.
+is known before any of this step's tokens is emitted: it is the picks themselves. So the engine starts a chain on
+this worker thread: each step fed the last one's picks, at most CHAIN_DEPTH steps done and not yet taken, while the
+engine takes them in order and emits; ONNX Runtime releases the GIL while a step runs, so the two overlap.
 
-What the early step costs: a row that ends among the tokens being emitted was stepped once more for nothing (the
-token is dropped, and its slot is freed only once the step is back: `remove` defers it). Nothing else may touch
-the pool while a step is out, so the engine launches one only when nobody waits, no prompt is being prefilled in
-chunks, no running row was cancelled, samples on the host, or lacks room for one more position, and it collects
-the step before anything else happens on its thread.
+What running ahead costs: a row that ends among the tokens being emitted was stepped once or twice more for nothing
+(its tokens are dropped). Nothing else may touch the pool while a chain runs, so the engine starts one only when
+nobody waits, no prompt is being prefilled in chunks, no running row was cancelled, samples on the host, or lacks
+room for one more position; a row that leaves (`remove`: its slot freed as the chain ends), a cancel or a newcomer
+due stops the chain after the step it runs, and the engine takes the steps it did before anything else happens on
+its thread.
 
-The worker needs the GIL back twice a step (after the decode run, after the pick), while the engine thread and the
+The worker needs the GIL back after each decode run and pick, while the engine thread and the
 HTTP layer's event loop run Python: at CPython's default switch interval (5 ms) a thread can wait that long for it,
 longer than the step. The interval is lowered to SWITCH_INTERVAL_S for the process from an engine's first step run
 ahead until it closes: on
