@@ -23,7 +23,7 @@ from gptedge.runtime.modeldir.chat_template import ChatTemplateError, render_cha
 
 from .chat_schema import ChatCompletion, ChatParams, parse_chat_request, token_logprob
 from .limits import ClientGone, check_prompt_bytes, parse_json, read_body
-from .off_loop import off_loop_unless_small, text_chars
+from .off_loop import message_chars, off_loop_unless_small
 from .openai_schema import ApiError
 from .routes import _wait_disconnect
 from .structured import requested_constraint
@@ -62,8 +62,7 @@ class ChatRoute:
                                 "start the server with --chat-template FILE", param="messages",
                            code="no_chat_template")
         check_prompt_bytes(tuple(str(m.get("content") or "") for m in params.messages), api.max_prompt_bytes)
-        ids = await off_loop_unless_small(text_chars(str(m.get("content") or "") for m in params.messages),
-                                          self.prompt_ids, params)
+        ids = await off_loop_unless_small(message_chars(params.messages), self.prompt_ids, params)
         constraint = await run_in_threadpool(api.constraints.compile, asked) if asked else None
         job = api.submit_ids(ids, params.max_tokens, params.sampling, params.stop, params.top_logprobs,
                              params.ignore_eos, self.stop_ids, params.n, constraint)

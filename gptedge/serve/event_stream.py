@@ -79,8 +79,11 @@ class LoopWaker:
         for waiter in due:
             if isinstance(waiter, asyncio.Future):
                 _wake(waiter)
-            else:
+                continue
+            try:
                 waiter()
+            except Exception:  # one job's failure must not keep the others of this turn asleep
+                log.exception("a stream's wake-up failed")
 
 
 def _wake(waiter: asyncio.Future) -> None:
@@ -136,7 +139,11 @@ class Job:
             else:
                 self._waiter = None
         if fast is not None:
-            delivered = fast(items)
+            try:
+                delivered = fast(items)
+            except Exception:  # the reader takes them all (and meets the error where a stream's errors are handled)
+                log.exception("the stream's fast lane failed; the reader takes its events")
+                delivered = 0
             if delivered == len(items):
                 return  # every one written: the reader waits on
             with self._lock:

@@ -23,7 +23,9 @@ from collections import Counter
 
 log = logging.getLogger(__name__)
 
-MAX_HEADER_BYTES = 64 * 1024  # a request line and headers past this close the connection with a 431
+# a request line and headers past this close the connection with a 431 (checked per read: a read that completes the
+# headers is not counted, so up to one read more gets through)
+MAX_HEADER_BYTES = 64 * 1024
 PROTOCOLS = ("auto", "httptools", "h11")
 WRITE_CHUNK = "gptedge.write_chunk"  # scope["extensions"] key: the request's ChunkWriter (httptools' protocol only)
 
@@ -84,10 +86,11 @@ def timed_protocol(header_timeout: float, dropped: Counter, base: type[asyncio.P
 
         def data_received(self, data: bytes) -> None:
             self._partial = True
-            waiting = self._timer is not None
+            # bytes of a new request's head: not the rest of a body the app answered before reading it all
+            heading = self._timer is not None and (self.cycle is None or not self.cycle.more_body)
             super().data_received(data)
             self._disarm_if_headers_came()
-            if waiting and self._timer is not None:  # still no complete headers
+            if heading and self._timer is not None:  # still no complete headers
                 self._header_bytes += len(data)
                 if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
                     self._cancel()
@@ -103,9 +106,10 @@ def timed_protocol(header_timeout: float, dropped: Counter, base: type[asyncio.P
 
         def on_response_complete(self) -> None:
             super().on_response_complete()  # may start the next pipelined request at once
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a pipelined request runs: its headers came; the timer waits for the next response's end
             if not self.transport.is_closing():
                 self._arm()
-                self._disarm_if_headers_came()
 
         def connection_lost(self, exc) -> None:
             self._cancel()

@@ -87,19 +87,31 @@ class StepAhead:
         """Step every joined sequence (seqs, each fed its token in tokens (n,) int64), greedy picks only, then on
         from each step's picks; a chain still running goes on by itself (these tokens are its last picks)."""
         with self._cv:
-            if self._active and not self._stop:
-                return
-            if self._active or self._done:
-                raise RuntimeError("steps are out: take them first")
+            if self._active or self._done:  # a chain runs on, or ended on its own (no room, a failed step) since
+                return  # can_launch: its steps are taken first, and the next launch starts from the last of them
             self._active, self._stop = True, False
         if self._switch_before is None and sys.getswitchinterval() > SWITCH_INTERVAL_S:
             self._switch_before = sys.getswitchinterval()
             log.info("stepping ahead: the GIL's switch interval %.4f s -> %.4f s", self._switch_before,
                      SWITCH_INTERVAL_S)
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self._worker.submit(self._chain, list(seqs), np.asarray(tokens, np.int64))
+        try:
+            self._worker.submit(self._chain, list(seqs), np.asarray(tokens, np.int64))
+        except BaseException:  # the executor is shut down: no chain runs, nobody may wait for one
+            with self._cv:
+                self._active = False
+                self._cv.notify_all()
+            raise
 
     def _chain(self, seqs: list[int], tokens: np.ndarray) -> None:  # on the worker
+        try:
+            self._steps(seqs, tokens)
+        finally:  # however it ends (room_to_step or a leaver's remove raising too), nobody waits for it after
+            with self._cv:
+                self._active = False
+                self._cv.notify_all()
+
+    def _steps(self, seqs: list[int], tokens: np.ndarray) -> None:
         needs = [False] * len(seqs)
         while True:
             try:
@@ -115,8 +127,6 @@ class StepAhead:
                     self._cv.wait()  # the engine is behind: wait for it to take one
                 if self._stop or failed or not self._pool.room_to_step():
                     self._free_leavers_now()  # still this chain's pool: the engine waits for it to end first
-                    self._active = False
-                    self._cv.notify_all()
                     return
             tokens = picked
 

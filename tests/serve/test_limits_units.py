@@ -200,3 +200,84 @@ def test_drops_are_counted_on_top_of_earlier_ones():
         dropped = Counter({r: 5 for r in DROP_REASONS})
         _read(chunks, dropped=dropped, **kwargs)
         assert dropped == Counter({r: 6 if r == reason else 5 for r in DROP_REASONS}), reason
+
+
+class _Transport:
+    def __init__(self):
+        self.written, self.closed = b"", False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+class _Cycle:
+    def __init__(self, response_complete: bool, more_body: bool):
+        self.response_complete, self.more_body = response_complete, more_body
+
+
+def _timed(cycle=None):
+    """gptedge's timed protocol over a stand-in for uvicorn's (the parser's effects are set by hand)."""
+    import asyncio
+    from collections import Counter
+
+    from gptedge.serve.protocol import timed_protocol
+
+    class Base(asyncio.Protocol):
+        def __init__(self, loop):
+            self.loop, self.cycle, self.transport = loop, cycle, None
+
+        def connection_made(self, transport):
+            self.transport = transport
+
+        def data_received(self, data):
+            pass
+
+        def on_response_complete(self):
+            pass
+
+        def connection_lost(self, exc):
+            pass
+
+    dropped = Counter()
+    loop = asyncio.new_event_loop()
+    protocol = timed_protocol(10.0, dropped, base=Base)(loop)
+    protocol.connection_made(_Transport())
+    return protocol, dropped, loop
+
+
+def test_headers_past_the_cap_are_a_431_and_counted():
+    protocol, dropped, loop = _timed()
+    for _ in range(65):
+        protocol.data_received(b"x" * 1024)  # 65 KiB of a head that never ends
+    assert protocol.transport.closed and protocol.transport.written.startswith(b"HTTP/1.1 431 ")
+    assert dropped["header_too_large"] == 1
+    loop.close()
+
+
+def test_the_rest_of_a_body_answered_early_is_not_counted_as_headers():
+    """The app answered (a 401) before reading a large body; the body's remaining bytes are not a new head."""
+    protocol, dropped, loop = _timed(_Cycle(response_complete=True, more_body=True))
+    protocol.on_response_complete()  # armed: the next request's headers are awaited
+    for _ in range(200):
+        protocol.data_received(b"x" * 1024)
+    assert not protocol.transport.closed and dropped["header_too_large"] == 0
+    loop.close()
+
+
+def test_a_pipelined_request_running_is_not_timed_as_headers():
+    """The next request's headers came with the last one's: it runs as that response completes, and no header timer
+    may cut it off mid-response."""
+    protocol, dropped, loop = _timed(_Cycle(response_complete=False, more_body=False))
+    protocol._cancel()  # its headers came: no timer
+    protocol.on_response_complete()
+    assert protocol._timer is None
+    protocol.cycle = _Cycle(response_complete=True, more_body=False)
+    protocol.on_response_complete()  # its own response done: now the next request's headers are awaited
+    assert protocol._timer is not None
+    loop.close()

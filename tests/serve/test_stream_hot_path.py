@@ -344,3 +344,46 @@ def test_the_fast_lane_never_overtakes_a_send_still_waiting_to_write():
     sent, _ = _fast_lane_stream(writer, script, slow_send_s=0.02)
     body = b"".join(b for _, b in sent)
     assert body == b"".join(f"data: {t}\n\n".encode() for t in ("first", "n0", "n1", "n2", "end"))
+
+
+def test_a_conversation_counts_its_messages_not_only_their_content():
+    """Chat rendering runs on the event loop only for a short conversation: many empty messages are long work."""
+    from gptedge.serve.off_loop import INLINE_TEXT_CHARS, message_chars, text_chars
+
+    short = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert message_chars(short) <= INLINE_TEXT_CHARS
+    assert message_chars([{"role": "user", "content": ""}] * 100) > INLINE_TEXT_CHARS  # no content, still long
+    assert message_chars([{"role": "user", "content": "x" * 2000}]) > INLINE_TEXT_CHARS
+    assert text_chars(["ab", [1, 2, 3], "c"]) == 3  # token-id prompts cost no tokenizer work
+
+
+def test_launch_after_a_chain_ended_on_its_own_leaves_its_steps_to_take():
+    """can_launch saw a chain running; before launch it ended by itself (a row at the cache's end): launch must
+    neither raise nor start a second chain over the steps not taken."""
+    import numpy as np
+
+    from gptedge.runtime.serving.step_ahead import StepAhead
+
+    class NoRoomAfterOne:
+        steps = 0
+
+        def step_picked(self, seqs, tokens, needs):
+            self.steps += 1
+            return np.asarray(tokens) + 1, None
+
+        def room_to_step(self):
+            return False  # the chain ends after each step
+
+        def remove(self, seq):
+            pass
+
+    pool = NoRoomAfterOne()
+    ahead = StepAhead(pool, min_rows=1, depth=2)
+    ahead.launch([3], np.array([5]))
+    deadline = __import__("time").monotonic() + 10
+    while ahead._active and __import__("time").monotonic() < deadline:
+        threading.Event().wait(0.001)
+    ahead.launch([3], np.array([5]))  # the engine's late launch: a no-op
+    assert ahead.take() == {3: 6} and pool.steps == 1
+    assert ahead.take() is None and not ahead.out
+    ahead.close()
