@@ -106,10 +106,11 @@ class StepAhead:
     def _chain(self, seqs: list[int], tokens: np.ndarray) -> None:  # on the worker
         try:
             self._steps(seqs, tokens)
-        finally:  # however it ends (room_to_step or a leaver's remove raising too), nobody waits for it after
+        finally:  # an error outside a step (room_to_step, a leaver's remove): nobody may wait for the chain after
             with self._cv:
-                self._active = False
-                self._cv.notify_all()
+                if self._active:
+                    self._active = False
+                    self._cv.notify_all()
 
     def _steps(self, seqs: list[int], tokens: np.ndarray) -> None:
         needs = [False] * len(seqs)
@@ -126,7 +127,11 @@ class StepAhead:
                 while not self._stop and not failed and len(self._done) >= self.depth:
                     self._cv.wait()  # the engine is behind: wait for it to take one
                 if self._stop or failed or not self._pool.room_to_step():
-                    self._free_leavers_now()  # still this chain's pool: the engine waits for it to end first
+                    # still this chain's pool, and in the same hold of the lock as the end: a row the engine lets go
+                    # after this sees no chain running and frees its slot itself
+                    self._free_leavers_now()
+                    self._active = False
+                    self._cv.notify_all()
                     return
             tokens = picked
 
