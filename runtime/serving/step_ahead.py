@@ -64,6 +64,7 @@ class StepAhead:
         self._active = False  # the chain runs on the worker (it touches the pool)
         self._stop = False  # the chain ends after the step it is running
         self._leaving: list[int] = []  # rows that ended while the chain ran: their slots are freed after it
+        self._chains = 0  # chains launched: the number of the one running (or last run)
         self.launched = 0  # steps run ahead so far (a figure for tests and metrics)
         self._switch_before: float | None = None  # the process's GIL switch interval before the first launch
 
@@ -90,25 +91,28 @@ class StepAhead:
             if self._active or self._done:  # a chain runs on, or ended on its own (no room, a failed step) since
                 return  # can_launch: its steps are taken first, and the next launch starts from the last of them
             self._active, self._stop = True, False
+            self._chains += 1
+            chain = self._chains
         if self._switch_before is None and sys.getswitchinterval() > SWITCH_INTERVAL_S:
             self._switch_before = sys.getswitchinterval()
             log.info("stepping ahead: the GIL's switch interval %.4f s -> %.4f s", self._switch_before,
                      SWITCH_INTERVAL_S)
             sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
-            self._worker.submit(self._chain, list(seqs), np.asarray(tokens, np.int64))
+            self._worker.submit(self._chain, chain, list(seqs), np.asarray(tokens, np.int64))
         except BaseException:  # the executor is shut down: no chain runs, nobody may wait for one
             with self._cv:
                 self._active = False
                 self._cv.notify_all()
             raise
 
-    def _chain(self, seqs: list[int], tokens: np.ndarray) -> None:  # on the worker
+    def _chain(self, chain: int, seqs: list[int], tokens: np.ndarray) -> None:  # on the worker
         try:
             self._steps(seqs, tokens)
         finally:  # an error outside a step (room_to_step, a leaver's remove): nobody may wait for the chain after
             with self._cv:
-                if self._active:
+                # this chain's: once it ended, the engine may already have launched the next one
+                if self._active and self._chains == chain:
                     self._active = False
                     self._cv.notify_all()
 

@@ -311,3 +311,46 @@ def test_a_chain_stopped_while_it_waits_leaves_its_steps_to_take_then_none_and_f
     assert pool.removed == [9] and len(pool.steps) == 2 and not ahead.out
     assert ahead.can_launch(1)
     ahead.close()
+
+
+def test_a_chain_that_ended_does_not_mark_the_next_one_ended():
+    """The engine may launch the next chain as soon as the last one has ended its steps, before the last one's worker
+    call has returned: what that call does on its way out must not mark the next chain ended (the engine would then
+    take the pool back while the next chain steps it)."""
+    from gptedge.runtime.serving.step_ahead import StepAhead
+
+    ended, release, first_returned, second_go = (threading.Event() for _ in range(4))
+
+    class Lingering(StepAhead):
+        def _steps(self, seqs, tokens):
+            super()._steps(seqs, tokens)
+            if not ended.is_set():  # the first chain only: linger after its end
+                ended.set()
+                release.wait(10)
+
+        def _chain(self, *args):
+            super()._chain(*args)
+            first_returned.set()
+
+    class OneStepPool(_CountingPool):
+        def step_picked(self, seqs, tokens, needs):
+            if self.steps:  # the second chain's step waits for the test
+                second_go.wait(10)
+            return super().step_picked(seqs, tokens, needs)
+
+        def room_to_step(self) -> bool:
+            return False  # every chain ends after one step
+
+    pool = OneStepPool()
+    ahead = Lingering(pool, min_rows=1, depth=2)
+    ahead.launch([1], np.array([10]))
+    assert ended.wait(10)
+    assert ahead.take() == {1: 11}
+    ahead.launch([1], np.array([11]))  # the next chain: queued behind the first one's call
+    release.set()
+    assert first_returned.wait(10)
+    assert ahead.out  # the second chain runs (its step waits): it must not read as ended
+    second_go.set()
+    assert ahead.take() == {1: 12}
+    assert pool.steps == [[10], [11]]
+    ahead.close()
