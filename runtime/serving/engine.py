@@ -230,7 +230,7 @@ class Engine:
         if group:
             prefixes = self._prefixes(group)  # None when reuse is off: then the pool is called as it always was
             if not plan.chunked:
-                self._group = group
+                self._group = list(group)  # a row leaves it once joined: one whose join fails is failed from there
                 keep = [a.request.prompt_logprobs is not None for a in group]
                 extra = ({} if prefixes is None else {"prefixes": prefixes}) | ({"keep_all": keep} if any(keep) else {})
                 if getattr(self.pool, "pads_groups", False):  # what each row may come to hold: how much padding fits
@@ -238,9 +238,9 @@ class Engine:
                     extra["room"] = [min(context, len(a.request.prompt_ids) + a.request.max_new_tokens) for a in group]
                 logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group],
                                                  **extra)  # only what the pool is asked for: the GPU's takes fewer
-                self._group = []
                 for active, row in zip(group, logits, strict=True):
                     self._joined(active, row)
+                    self._group.remove(active)
                 return
             active = group[0]
             extra = ({} if prefixes is None else {"prefix": prefixes[0]}) | (
@@ -255,8 +255,8 @@ class Engine:
             return  # one chunk done; the running batch decodes before the next
         except StopIteration as done:
             logits = done.value
-        self._prefilling = None
         self._joined(active, logits)
+        self._prefilling = None  # only now: a join that fails leaves it where _fail_all finds it
 
     def _admit(self) -> tuple[PrefillPlan, list[Active]]:
         """This turn's plan, and the newcomers it admits taken off the queue's head (now prefilling)."""

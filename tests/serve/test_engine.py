@@ -107,3 +107,32 @@ def test_stop_cancels_what_runs_past_the_grace_period(gpt2_loaded):
     for c in (running, queued):
         assert c.finished(0) and c.last.finish_reason is FinishReason.CANCELLED
     assert 1 <= len(running.last.generation.ids) < 100 and queued.last.generation.ids == []
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_a_join_that_fails_fails_its_group_and_frees_their_rows(gpt2_kv_buffer_loaded, monkeypatch, chunk):
+    """A newcomer's first token fails (say its tokenizer raised): it and the rest of its prefill group end with an
+    error, their rows are freed, and the engine serves the next request as generate does."""
+    model = gpt2_kv_buffer_loaded
+    engine = Engine(model, max_batch=4, prefill_chunk=chunk)
+    ids = tuple(model.encode("Hello world, and a prompt long enough to take several chunks"))
+    real, calls = Engine._emit_next, []
+
+    def failing_once(self, active, logits, tok=None):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the tokenizer failed")
+        return real(self, active, logits, tok)
+
+    monkeypatch.setattr(Engine, "_emit_next", failing_once)
+    group = [Collector() for _ in range(1 if chunk else 3)]
+    for c in group:
+        engine.submit(CompletionRequest(ids, 8, SamplingParams(greedy=True), ignore_eos=True), c)
+    engine.start()  # all queued first: one prefill group (or one long prompt in chunks)
+    assert all(c.finished() for c in group)
+    assert [c.last.finish_reason for c in group] == [FinishReason.ERROR] * len(group)
+    after = Collector()
+    engine.submit(CompletionRequest(ids, 8, SamplingParams(greedy=True), ignore_eos=True), after)
+    assert after.finished()
+    engine.stop()
+    assert after.last.generation.ids == model.generate(list(ids), 8, greedy=True, ignore_eos=True).ids
