@@ -132,6 +132,7 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
     page = import_extra("gptedge.serve.playground", "serve")
     limits = import_extra("gptedge.serve.limits", "serve").Limits(max_body=max_body, header_timeout=header_timeout,
                                                                   body_timeout=body_timeout, http=http)
+    _check_http(http)
     if model is None:
         model, name = str(sample_model_dir()), model_name or "gptedge-sample"
     else:
@@ -156,6 +157,15 @@ def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budge
         _run(uvicorn, app, loaded, model, name, host, port, max_batch, prefill_budget, prefix_cache_mb, max_queue,
              max_tokens_limit or context, api_key, shutdown_timeout, routes, unavailable, limits, template,
              prefill_hold_ms)
+
+
+def _check_http(http: str) -> None:
+    """--http's protocol importable, before the model loads: one line naming the option otherwise."""
+    try:
+        import_extra("gptedge.serve.protocol", "serve").base_protocol(http)
+    except ImportError:
+        raise click.BadParameter("httptools is not installed (pip install httptools; --http auto falls back to h11)",
+                                 param_hint="'--http'") from None
 
 
 def _read_chat_template(path: Path) -> str:

@@ -38,8 +38,8 @@ from .classify_app import ClassifyApi
 from .classify_schema import generation_card
 from .completion_choices import ChoiceState, choice_sampling, returned, seeded
 from .event_stream import EventStream, Job
-from .off_loop import off_loop_unless_small, text_chars
 from .limits import ClientGone, check_prompt_bytes, longest_token_bytes, parse_json, read_body
+from .off_loop import off_loop_unless_small, text_chars
 from .openai_schema import (ApiError, Completion, CompletionParams, Logprobs, choice, error_body, model_card,
                             parse_completion_request)
 from .routes import RETRY_AFTER_S, Classifying, Generating, Routes, ServeState, _wait_disconnect

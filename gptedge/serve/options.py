@@ -11,6 +11,8 @@ import math
 
 import click
 
+from .protocol import PROTOCOLS  # stdlib only at import: uvicorn is imported when a protocol is chosen
+
 # click only: the CLI imports this module at --help, which must not load numpy or starlette (limits.py does)
 DEFAULT_MAX_BODY = 4 * 2**20
 DEFAULT_HEADER_TIMEOUT_S = 10.0
@@ -87,7 +89,7 @@ def limit_options(fn):
                      help="Seconds a client has to send a request's headers; slower connections are closed."),
         click.option("--body-timeout", default=DEFAULT_BODY_TIMEOUT_S, show_default=True, type=Seconds(0.1),
                      help="Seconds a client has to send a request's body after its headers (408 beyond)."),
-        click.option("--http", default="auto", show_default=True, type=click.Choice(["auto", "httptools", "h11"]),
+        click.option("--http", default="auto", show_default=True, type=click.Choice(PROTOCOLS),
                      help="HTTP/1.1 parser and writer: httptools (auto: when installed; cheaper per streamed token) "
                           "or h11."),
     ]):

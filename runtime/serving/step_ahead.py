@@ -58,6 +58,8 @@ class StepAhead:
     def __init__(self, pool, min_rows: int = MIN_ROWS, depth: int | None = None):
         self._pool, self.min_rows = pool, min_rows
         self.depth = CHAIN_DEPTH if depth is None else depth  # steps done and not yet taken, at most
+        if self.depth < 1:  # 0 would leave the worker waiting for a step the engine can never take
+            raise ValueError(f"depth must be >= 1, got {self.depth}")
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gptedge-step")
         self._cv = threading.Condition()
         self._done: deque[tuple[list[int], np.ndarray | None, BaseException | None]] = deque()  # steps not taken

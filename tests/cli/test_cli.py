@@ -365,3 +365,14 @@ def test_quantize_kv_cache_value_is_checked(runner, gpt2_model_dir, tmp_path):
     result = runner.invoke(main, ["quantize", str(gpt2_model_dir), "-o", str(tmp_path / "x"), "--kv-cache", "int3"])
     assert "'int3' is not one of 'fp32', 'fp16', 'int8', 'int4'" in one_line_error(result)
     assert result.exit_code == 2 and not (tmp_path / "x").exists()
+
+
+def test_serve_http_httptools_without_httptools_is_one_line_before_the_model_loads(runner, gpt2_model_dir,
+                                                                                   monkeypatch):
+    import sys
+
+    pytest.importorskip("uvicorn")
+    monkeypatch.setitem(sys.modules, "uvicorn.protocols.http.httptools_impl", None)  # as if httptools were missing
+    result = runner.invoke(main, ["serve", str(gpt2_model_dir), "--http", "httptools", "--port", "0"])
+    assert result.exit_code == 2 and "loaded" not in result.output
+    assert "'--http'" in result.output and "httptools is not installed" in result.output

@@ -291,6 +291,8 @@ def test_a_chain_runs_its_depth_ahead_of_the_engine_then_waits_for_it():
     _until(lambda: len(pool.steps) == 3)
     assert pool.steps == [[10, 20], [11, 21], [12, 22]]
     assert ahead.take() == {7: 12, 9: 22}
+    with pytest.raises(ValueError, match="depth must be >= 1"):  # 0: the worker would wait for nobody
+        StepAhead(pool, min_rows=1, depth=0)
     ahead.launch([7, 9], np.array([12, 22]))  # the chain goes on by itself: a no-op
     assert ahead.take() == {7: 13, 9: 23}
     ahead.close()
