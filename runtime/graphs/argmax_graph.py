@@ -31,12 +31,29 @@ def _value_info(name: str, elem_type: int, dims: list[str]) -> bytes:
     return _field(1, name) + _field(2, _field(1, tensor))  # ValueInfoProto { name, type { tensor_type } }
 
 
-def argmax_model(logits_float16: bool = False) -> bytes:
-    """Serialized ModelProto: ArgMax over the last axis, first index on ties (as numpy's argmax)."""
+def argmax_node(logits: str, token_ids: str, name: str = "argmax") -> bytes:
+    """A serialized NodeProto: token_ids (B, K) int64 = ArgMax of logits (B, K, V) over the last axis, the first index
+    on ties (as numpy's argmax)."""
     axis = _field(1, "axis") + _field(20, 2) + _field(3, (1 << 64) - 1)  # INT attribute, -1 as two's complement
     keepdims = _field(1, "keepdims") + _field(20, 2) + _field(3, 0)
-    node = (_field(1, LOGITS) + _field(2, TOKEN_IDS) + _field(3, "argmax") + _field(4, "ArgMax")
+    return (_field(1, logits) + _field(2, token_ids) + _field(3, name) + _field(4, "ArgMax")
             + _field(5, axis) + _field(5, keepdims))
+
+
+def int64_output(name: str) -> bytes:
+    """A serialized ValueInfoProto: an int64 tensor of any shape (for a graph output)."""
+    return _field(1, name) + _field(2, _field(1, _field(1, _INT64)))
+
+
+def argmax_fields(logits: str, token_ids: str) -> bytes:
+    """Serialized GraphProto fields to append to a graph (onnx_wire.with_graph_fields): the ArgMax node over its
+    `logits` and a graph output `token_ids`."""
+    return _field(1, argmax_node(logits, token_ids, token_ids)) + _field(12, int64_output(token_ids))
+
+
+def argmax_model(logits_float16: bool = False) -> bytes:
+    """Serialized ModelProto: ArgMax over the last axis, first index on ties (as numpy's argmax)."""
+    node = argmax_node(LOGITS, TOKEN_IDS)
     graph = (_field(1, node) + _field(2, "gptedge_argmax")
              + _field(11, _value_info(LOGITS, _FLOAT16 if logits_float16 else _FLOAT, ["batch", "keep", "vocab"]))
              + _field(12, _value_info(TOKEN_IDS, _INT64, ["batch", "keep"])))

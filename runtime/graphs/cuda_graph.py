@@ -26,6 +26,12 @@ result the slice reads on the host. The decode session is therefore made from th
 taken out of its inputs (decode_graph_bytes): its initializer, 0 (every position), is then a constant that
 ONNX Runtime folds on the host, and a decode step has one position anyway.
 
+The decode graph also picks each row's greedy token (an ArgMax over the logits appended to it, output PICKED, a
+(B, 1) int64 device buffer captured with the rest), so a greedy step is one run and a (B,) copy to the host. Before,
+the pick was a second session's run after each step: on a busy server each run's return waits for the GIL (another
+thread's Python), so a step paid that wait twice. After a prefill run (the ordinary session, no ArgMax) the separate
+ArgMax session still picks.
+
 The buffers live as long as the loaded model (one set per batch size used) and serve one generation at a
 time: a generation that starts while another of the same batch size runs gets the ordinary path. On the
 CPU the same decoder runs both kinds of run through one session; tests use that to check it.
@@ -42,17 +48,20 @@ import numpy as np
 
 from .. import contract as C
 from .graph_variant import reorder_rows
-from ..modeldir.onnx_wire import without_graph_input
+from .argmax_graph import argmax_fields
+from ..modeldir.onnx_wire import with_graph_fields, without_graph_input
 
 log = logging.getLogger(__name__)
 
 GRAPH_ID_OPTION = "gpu_graph_id"  # ONNX Runtime's run option: which captured graph a run replays
 POOL_GRAPH_IDS = 1 << 20  # a server pool's graph id is this + its capacity; a generation's is its batch size
+PICKED = "gptedge_picked"  # the decode graph's own ArgMax output, (B, 1) int64 (see above)
 
 
 def decode_graph_bytes(model: bytes) -> bytes:
-    """The serialized graph for the decode session: logits_to_keep no longer an input (see above)."""
-    return without_graph_input(model, C.LOGITS_TO_KEEP)
+    """The serialized graph for the decode session: logits_to_keep no longer an input, each row's greedy pick an
+    output (see above)."""
+    return with_graph_fields(without_graph_input(model, C.LOGITS_TO_KEEP), argmax_fields(C.LOGITS, PICKED))
 
 
 class GraphDecoder:
@@ -84,8 +93,12 @@ class GraphDecoder:
                                                                 device, 0)
         self.prefill_binding = self._bind(variant.session)
         self.variant.bind_keep(self.prefill_binding, 1)  # the LM head runs on the last position only
-        self.decode_binding = self._bind_decode(decode_session)
         self.token_ids = np.empty((batch, 1), np.int64)  # what crosses to the host per greedy step
+        # (B, 1) int64 on the device: the decode run's own picks, when its graph has the ArgMax (decode_graph_bytes)
+        fused = variant.pick_on_device and self._has_picks(decode_session)
+        self.picked = zeros((batch, 1), np.int64) if fused else None
+        self._picks_fresh = False  # the last run was a decode step that wrote self.picked
+        self.decode_binding = self._bind_decode(decode_session)
         self._pick = None
         if variant.pick_on_device:
             self._pick = variant.argmax_session.io_binding()
@@ -108,16 +121,23 @@ class GraphDecoder:
         binding.bind_ortvalue_output(C.LOGITS, self.logits)
         return binding
 
+    @staticmethod
+    def _has_picks(session: Any) -> bool:
+        return any(o.name == PICKED for o in session.get_outputs())
+
     def _bind_decode(self, session: Any):
         """logits_to_keep unbound: the decode session has none, the ordinary one keeps every position of one."""
         binding = self._bind(session)
         for name, value in ((C.INPUT_IDS, self.ids), (C.ATTENTION_MASK, self.mask), (C.POSITION_IDS, self.pos)):
             binding.bind_ortvalue_input(name, value)
+        if self.picked is not None and self._has_picks(session):
+            binding.bind_ortvalue_output(PICKED, self.picked)
         return binding
 
     def _decode(self) -> None:
         try:
             self._decode_session.run_with_iobinding(self.decode_binding, self._run_options)
+            self._picks_fresh = self.picked is not None and self._decode_session is not self.variant.session
         except Exception as e:  # ONNX Runtime refused to capture or replay: the same step on the ordinary session
             if self._decode_session is self.variant.session:
                 raise
@@ -127,6 +147,7 @@ class GraphDecoder:
                 self._on_failure(e)
             self._decode_session, self._run_options = self.variant.session, None
             self.decode_binding = self._bind_decode(self.variant.session)
+            self._picks_fresh = False  # the ordinary session has no ArgMax: pick() runs the ArgMax session
             self.variant.session.run_with_iobinding(self.decode_binding)
 
     def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> None:
@@ -142,6 +163,7 @@ class GraphDecoder:
             self.mask.update_inplace(self.mask_host)
             self._decode()
         else:  # a prefill run (or chunk): the ordinary session, host inputs of this run's shapes
+            self._picks_fresh = False
             if not self.held:
                 self.mask_host[:] = 0
             self.mask_host[:, :T] = attention_mask
@@ -160,6 +182,8 @@ class GraphDecoder:
         """The greedy token of each row (B,) int64, picked where the logits are."""
         if self._pick is None:
             return self.last_logits().argmax(-1)
+        if self._picks_fresh:  # the decode run picked them: one (B, 1) copy to the host
+            return np.array(self.picked.numpy()[:, 0])  # a copy: on the CPU numpy() is a view the next run overwrites
         self.variant.argmax_session.run_with_iobinding(self._pick)
         return self.token_ids[:, 0]
 

@@ -227,6 +227,17 @@ def _skip(buf, pos: int, kind: int) -> int:
     return pos + (8 if kind == _I64 else 4)
 
 
+def with_graph_fields(model: bytes, fields_: bytes) -> bytes:
+    """The serialized ModelProto with serialized GraphProto fields appended to its graph (a node lands after every
+    other node, an output after the others); everything else byte for byte."""
+    graph = next(((key, end, value) for number, key, end, value in _spans(model, 0, len(model)) if number == 7), None)
+    if graph is None:
+        raise WireError("no graph")
+    key, end, (body_start, body_end) = graph
+    body = model[body_start:body_end] + fields_
+    return model[:key] + encode_varint(7 << 3 | _LEN) + encode_varint(len(body)) + body + model[end:]
+
+
 def without_graph_input(model: bytes, name: str) -> bytes:
     """The serialized ModelProto with `name` taken out of the graph's inputs (GraphProto.input = 11); everything else
     byte for byte. An input that is also an initializer then is a constant (runtime/graphs/cuda_graph.py says why)."""

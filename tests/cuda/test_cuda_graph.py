@@ -14,7 +14,7 @@ import pytest
 
 from gptedge.runtime import SessionConfig, load
 from gptedge.runtime import contract as C
-from gptedge.runtime.graphs.cuda_graph import GraphDecodeState, decode_graph_bytes
+from gptedge.runtime.graphs.cuda_graph import PICKED, GraphDecodeState, decode_graph_bytes
 from gptedge.runtime.modeldir.onnx_wire import WireError, without_graph_input
 from gptedge.runtime.graphs.session import make_session
 from gptedge.runtime.errors import ModelDirError
@@ -39,7 +39,7 @@ def _graph_model(path, pick_on_device: bool = False):
     return model
 
 
-def test_the_decode_graph_has_no_logits_to_keep_input_and_nothing_else_changed(kvb):
+def test_the_decode_graph_has_no_logits_to_keep_input_an_argmax_output_and_nothing_else_changed(kvb):
     import onnx
 
     data = (kvb / "model.onnx").read_bytes()
@@ -47,7 +47,11 @@ def test_the_decode_graph_has_no_logits_to_keep_input_and_nothing_else_changed(k
     names = [i.name for i in before.graph.input]
     assert C.LOGITS_TO_KEEP in names and [i.name for i in after.graph.input] == [n for n in names
                                                                                  if n != C.LOGITS_TO_KEEP]
+    pick = after.graph.node[-1]  # the greedy pick, after every other node
+    assert (pick.op_type, list(pick.input), list(pick.output)) == ("ArgMax", [C.LOGITS], [PICKED])
+    assert after.graph.output[-1].name == PICKED
     after.graph.input.insert(names.index(C.LOGITS_TO_KEEP), before.graph.input[names.index(C.LOGITS_TO_KEEP)])
+    del after.graph.node[-1], after.graph.output[-1]
     assert after.SerializeToString() == before.SerializeToString()  # put back, byte for byte the original
     with pytest.raises(WireError, match="no input"):
         without_graph_input(data, "no_such_input")
@@ -70,6 +74,18 @@ def test_graph_decoder_greedy_equals_ordinary_path(kvb, pick_on_device):
         got = model.generate_batch(prompts, max_new_tokens=24, greedy=True, ignore_eos=True, with_text=False,
                                    prefill_chunk=chunk)
         assert [g.ids for g in got] == [w.ids for w in want]
+
+
+def test_a_generation_after_another_of_its_batch_size_picks_its_first_token_from_its_prompt(kvb):
+    """The decoder of a batch size outlives its generations: the next one's first pick (after its prefill run, which
+    has no ArgMax of its own) is from its prompt, not the last generation's last step's picks."""
+    plain, model = load(kvb, device="cpu"), _graph_model(kvb, pick_on_device=True)
+    for prompts in (PROMPTS, [p[::-1] for p in PROMPTS]):
+        want = plain.generate_batch(prompts, max_new_tokens=6, greedy=True, ignore_eos=True, with_text=False)
+        got = model.generate_batch(prompts, max_new_tokens=6, greedy=True, ignore_eos=True, with_text=False)
+        assert [g.ids for g in got] == [w.ids for w in want]
+    decoder = model.variant.cuda_graphs._decoders[len(PROMPTS)]
+    assert decoder.picked is not None  # the decode steps picked their own tokens
 
 
 def test_graph_decoder_logits_equal_ordinary_path(kvb):

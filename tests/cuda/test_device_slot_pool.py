@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from gptedge.runtime import load
-from gptedge.runtime.graphs.cuda_graph import GraphDecoder
+from gptedge.runtime.graphs.cuda_graph import GraphDecoder, decode_graph_bytes
 from gptedge.runtime.graphs.device_slot_pool import DeviceSlotPool
 from gptedge.runtime.graphs.kv_buffer_pool import SlotPool
 from gptedge.runtime.graphs.sequence_pool import drain
+from gptedge.runtime.graphs.session import make_session
 
 pytestmark = pytest.mark.slow  # the GPU slot pool built and run on the CPU against the engine
 
@@ -23,11 +24,16 @@ def model(gpt2_kv_buffer_loaded):
     return load(gpt2_kv_buffer_loaded.model_dir, device="cpu")
 
 
-def _device_pool(model, capacity: int, narrow: bool = False) -> DeviceSlotPool:
-    """The GPU's pool on the CPU; narrow: steps through decoders over the first rows only (as on a GPU)."""
-    narrower = (lambda rows, wide: GraphDecoder(model.variant, rows, model.session, rows_of=wide)) if narrow else None
+def _device_pool(model, capacity: int, narrow: bool = False, decode_graph: bool = False) -> DeviceSlotPool:
+    """The GPU's pool on the CPU; narrow: steps through decoders over the first rows only (as on a GPU); decode_graph:
+    decode steps through a second session made from the decode graph (its own ArgMax: decode_graph_bytes), as the
+    GPU's capture session, else through the model's session (the pick then by the ArgMax session)."""
+    session = model.session
+    if decode_graph:
+        session = make_session(decode_graph_bytes((model.model_dir / "model.onnx").read_bytes()), device="cpu")
+    narrower = (lambda rows, wide: GraphDecoder(model.variant, rows, session, rows_of=wide)) if narrow else None
     return DeviceSlotPool(model.variant, capacity, model.manifest.shape.context_length,
-                          GraphDecoder(model.variant, capacity, model.session), narrower)
+                          GraphDecoder(model.variant, capacity, session), narrower)
 
 
 def _served(engine, requests) -> list:
@@ -142,21 +148,40 @@ def test_step_picked_picks_each_greedy_row_on_the_device_and_copies_only_flagged
     picks, in seqs' order, and only the flagged rows' logits come back."""
     picking = load(model.model_dir, device="cpu")
     picking.variant.pick_on_device = True  # the one-node ArgMax session on the CPU, as on a GPU
-    pools = [_device_pool(model, 4), _device_pool(picking, 4, narrow=True)]
-    assert pools[1].decoder._pick is not None
+    # picked by the ArgMax session after each step; by the decode graph's own ArgMax (the GPU's capture session)
+    pools = [_device_pool(model, 4), _device_pool(picking, 4, narrow=True),
+             _device_pool(picking, 4, narrow=True, decode_graph=True)]
+    assert pools[1].decoder._pick is not None and pools[1].decoder.picked is None
+    assert pools[2].decoder.picked is not None
     for p in pools:
         drain(p.prefill(1, A, None))
         drain(p.prefill(2, B, None))
         drain(p.prefill(3, C_, None))
     fed = np.array([8, 9, 10])
+    argmax_runs = _counting_runs(picking.variant.argmax_session)
     for t in range(4):
         want = pools[0].step([3, 1, 2], fed + t)  # (3, V)
-        picked, logits = pools[1].step_picked([3, 1, 2], fed + t, [False, True, False])
-        assert picked.tolist() == want.argmax(-1).tolist()
-        assert logits.shape == (1, want.shape[1])
-        np.testing.assert_allclose(logits[0], want[1], atol=2e-5, rtol=0)
-    picked, logits = pools[1].step_picked([3, 1, 2], fed, [False] * 3)
-    assert logits is None and picked.shape == (3,) and picked.dtype == np.int64
+        for p in pools[1:]:
+            picked, logits = p.step_picked([3, 1, 2], fed + t, [False, True, False])
+            assert picked.tolist() == want.argmax(-1).tolist()
+            assert logits.shape == (1, want.shape[1])
+            np.testing.assert_allclose(logits[0], want[1], atol=2e-5, rtol=0)
+    assert argmax_runs == [None] * 4  # the ArgMax session ran for pools[1] only: pools[2]'s steps picked themselves
+    for p in pools[1:]:
+        picked, logits = p.step_picked([3, 1, 2], fed, [False] * 3)
+        assert logits is None and picked.shape == (3,) and picked.dtype == np.int64
+
+
+def _counting_runs(session) -> list:
+    """Each run_with_iobinding of the session from now on appends to the list returned."""
+    runs, run = [], session.run_with_iobinding
+
+    def counted(*args, **kwargs):
+        runs.append(run(*args, **kwargs))
+        return runs[-1]
+
+    session.run_with_iobinding = counted
+    return runs
 
 
 def test_the_engine_picks_greedy_rows_on_the_device_and_samples_the_rest_as_generate(model):

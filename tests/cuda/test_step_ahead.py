@@ -25,13 +25,14 @@ GREEDY = SamplingParams(greedy=True)
 
 @pytest.fixture()
 def served(gpt2_kv_buffer_loaded):
-    """A model whose engine pool is the GPU's (narrow decoders, picks by ArgMax session), each pool kept in .pools."""
+    """A model whose engine pool is the GPU's (narrow decoders, a decode session of the decode graph picking each
+    step's tokens itself, the ArgMax session after a prefill), each pool kept in .pools."""
     model = load(gpt2_kv_buffer_loaded.model_dir, device="cpu")
     model.variant.pick_on_device = True
     model.pools = []
 
     def pool(capacity, max_length):
-        model.pools.append(_device_pool(model, capacity, narrow=True))
+        model.pools.append(_device_pool(model, capacity, narrow=True, decode_graph=True))  # as the GPU's
         return model.pools[-1]
 
     model.variant.sequence_pool = pool
