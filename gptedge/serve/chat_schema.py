@@ -10,7 +10,6 @@ served yet, each refused in one line naming the field: `tools`, `logit_bias`, pe
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 
 from gptedge.runtime.generation.sampling import SamplingParams
@@ -18,7 +17,7 @@ from gptedge.runtime.modeldir.chat_template import check_messages
 from gptedge.runtime.errors import InvalidArgumentError
 
 from .openai_schema import (DEFAULT_MAX_TOKENS, MAX_CHOICES, MAX_LOGPROBS, _get, _is_int, _is_number, _stop, bad,
-                            check_body_fields, sampling_fields, stream_fields, usage)
+                            check_body_fields, response_id, sampling_fields, stream_fields, usage)
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # the roles OpenAI's chat API takes
 CHAT_FIELDS = frozenset({
@@ -103,7 +102,7 @@ class ChatCompletion:
     """One chat response's identity: the id, creation time and model every chunk of it repeats."""
 
     def __init__(self, model: str):
-        self.id, self.created, self.model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model
+        self.id, self.created, self.model = response_id("chatcmpl-"), int(time.time()), model
 
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,

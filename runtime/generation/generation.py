@@ -97,7 +97,7 @@ class SequenceState:
 
     result: Generation
     stream: TextStream | None
-    rng: np.random.Generator
+    rng: np.random.Generator | None  # None for a greedy row (nothing drawn)
     seen: list[int]  # prompt + generated ids: what a repetition penalty reads
 
     def take(self, tok: int, eos_id: int | tuple[int, ...] | None, max_new_tokens: int, context_length: int) -> str:
