@@ -157,10 +157,14 @@ class GraphDecoder:
         if B != self.batch or T > self.context:
             raise ValueError(f"a decoder for batch {self.batch} and {self.context} positions was fed ({B}, {T})")
         if S == 1 and self.held:  # a decode step: the captured graph, over the context-wide mask
-            self.mask_host[:, :T] = attention_mask  # columns >= T stay zero (cleared at the prefill)
             self.ids.update_inplace(np.ascontiguousarray(input_ids, dtype=np.int64))
             self.pos.update_inplace(np.ascontiguousarray(position_ids, dtype=np.int64))
-            self.mask.update_inplace(self.mask_host)
+            if T == self.context:  # context-wide already (a server pool's every step): no copy into mask_host, which
+                # no later step of this generation reads (none is longer; the next one's prefill clears it)
+                self.mask.update_inplace(np.ascontiguousarray(attention_mask, dtype=np.int64))
+            else:
+                self.mask_host[:, :T] = attention_mask  # columns >= T stay zero (cleared at the prefill)
+                self.mask.update_inplace(self.mask_host)
             self._decode()
         else:  # a prefill run (or chunk): the ordinary session, host inputs of this run's shapes
             self._picks_fresh = False
