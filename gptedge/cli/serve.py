@@ -26,7 +26,8 @@ from pathlib import Path
 import click
 
 from gptedge import runtime
-from gptedge.runtime.generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB  # plain Python: light
+from gptedge.runtime.generation.generation_options import (GPU_PREFILL_BUDGET, PREFILL_CHUNK,  # plain Python: light
+                                                         PREFIX_CACHE_MB)
 from gptedge.runtime.graphs.session import MAX_SPIN_US
 from gptedge.runtime.modeldir.chat_template import ChatTemplateError, find_chat_template, render_chat
 from gptedge.runtime.modeldir.manifest import MANIFEST_NAME
@@ -75,10 +76,11 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--port", default=8000, show_default=True, type=count(0, 65535),
               help="0: any free port (printed on stderr).")
 @click.option("--max-batch", default=8, show_default=True, type=count(1, MAX_BATCH), help="Sequences decoded together.")
-@click.option("--prefill-budget", default=PREFILL_CHUNK, show_default=True, type=count(1, MAX_PREFILL_CHUNK),
+@click.option("--prefill-budget", default=None, type=count(1, MAX_PREFILL_CHUNK),
               help="Prompt positions (padding counted) one prefill run may take between two decode steps: "
                    "newcomers whose prompts fit are prefilled together, a longer prompt in chunks. Smaller: "
-                   "running streams stall less; larger: a burst's first tokens come sooner.")
+                   f"running streams stall less; larger: a burst's first tokens come sooner. [default: "
+                   f"{PREFILL_CHUNK} on the CPU, {GPU_PREFILL_BUDGET} on CUDA]")
 @click.option("--prefill-hold-ms", default=0.0, show_default=True, type=Milliseconds(0, 1000),
               help="Milliseconds newcomers may wait while rows decode (or until 8 or as many as there are free "
                    "rows wait), so that several share one prefill run: for a GPU, where a run costs about a decode "
@@ -118,7 +120,7 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--web", default="auto", show_default=True,
               help="The playground's 'in this browser' model: auto packs MODEL at start when it is web-ready, "
                    "off turns it off, or a folder `gptedge pack --target web` wrote.")
-def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int, prefill_hold_ms: float,
+def serve(model: str | None, host: str, port: int, max_batch: int, prefill_budget: int | None, prefill_hold_ms: float,
           prefix_cache_mb: int,
           spin: str, spin_us: int | None, max_queue: int,
           max_tokens_limit: int | None, api_key: str | None, model_name: str | None, threads: int, device: str,
@@ -221,7 +223,15 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
     diag("server stopped")
 
 
-def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, prefill_budget: int,
+def prefill_budget_for(loaded, given: int | None) -> int:
+    """--prefill-budget, or its default for where the model runs: a GPU's prefill run is launch-bound, so there the
+    default takes a burst of short prompts in one run (generation_options.GPU_PREFILL_BUDGET)."""
+    if given is not None:
+        return given
+    return GPU_PREFILL_BUDGET if loaded.variant.kv_device != "cpu" else PREFILL_CHUNK
+
+
+def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, prefill_budget: int | None,
          prefix_cache_mb: int, max_queue: int,
          max_tokens: int, api_key: str | None, shutdown_timeout: float, routes: list, unavailable: str | None,
          limits, chat_template: str | None = None, prefill_hold_ms: float = 0.0) -> None:
@@ -229,6 +239,7 @@ def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_
     from gptedge.runtime.serving.engine import Engine  # deferred: numpy, not needed at --help
 
     sock = _listen(host, port)
+    prefill_budget = prefill_budget_for(loaded, prefill_budget)
     engine = Engine(loaded, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_budget,
                     prefix_cache_mb=prefix_cache_mb, prefill_hold_ms=prefill_hold_ms).start()
     state = app.ServeState(app.Generating(engine, loaded, max_tokens, chat_template), name, api_key or None,

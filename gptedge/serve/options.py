@@ -20,7 +20,7 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 
 MAX_BATCH = 256  # rows of one decode step (each a slot of the KV cache)
 MAX_QUEUE = 100_000
-MAX_PREFILL_CHUNK = 8192  # --prefill-budget's ceiling; its default is the runtime's PREFILL_CHUNK
+MAX_PREFILL_CHUNK = 8192  # --prefill-budget's ceiling; default PREFILL_CHUNK (GPU_PREFILL_BUDGET on CUDA)
 MAX_PREFIX_CACHE_MB = 2**20  # --prefix-cache-mb's ceiling (1 TiB); its default is the runtime's PREFIX_CACHE_MB
 MAX_SECONDS = 3600.0
 MIN_BODY = 1024  # bytes: room for any sane completion request

@@ -18,6 +18,13 @@ from ..errors import InvalidArgumentError
 # run (benchmarks/results/serve-* show what it does to first-token and inter-token latency).
 PREFILL_CHUNK = 256
 
+# The server's prefill budget on a GPU (`gptedge serve --prefill-budget`'s default there). A prefill run through the
+# ordinary session is launch-bound on a GPU (GPT-2 small fp16: ~3.5-4.5 ms whether it holds 1 or 64 prompts on an
+# H200), so at 256 a burst of 64 32-token prompts took 8 runs, each with an ordinary decode step after it: at 64
+# clients an engine trace showed 57 prefill turns of 8.3 ms for 384 requests. 2048 takes such a burst in one run;
+# a running row then waits at most one 2048-position run (~5 ms there) between two tokens.
+GPU_PREFILL_BUDGET = 2048
+
 # MiB of keys and values the server's prefix cache keeps (runtime/serving/prefix_cache.py): the engine's default
 # and `gptedge serve --prefix-cache-mb`'s. GPT-2 small's fp32 cache takes 72 KiB a position, so 256 MiB holds
 # about 3,600 positions (3.5 full 1,024-token contexts; four times as many with an int8 cache): a handful of

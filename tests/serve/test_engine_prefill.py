@@ -4,11 +4,12 @@ never waits more than one prefill run of at most the budget between two of its t
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
 import pytest
 
-from gptedge.cli.serve import serve
-from gptedge.runtime.generation.generation_options import PREFILL_CHUNK
+from gptedge.cli.serve import prefill_budget_for, serve
+from gptedge.runtime.generation.generation_options import GPU_PREFILL_BUDGET, PREFILL_CHUNK
 from gptedge.runtime.generation.sampling import SamplingParams
 from gptedge.runtime.model import LoadedModel
 from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason
@@ -65,12 +66,17 @@ def _run(model, requests, budget, max_batch=8, fail_groups=False):
 
 
 def test_the_prefill_budget_is_one_concept_with_one_default():
-    """generate's prefill_chunk, the engine's, and `gptedge serve --prefill-budget` are one setting: one default."""
+    """generate's prefill_chunk, the engine's, and `gptedge serve --prefill-budget` on the CPU are one setting: one
+    default. On CUDA serve's default is the GPU's (a prefill run there is launch-bound); given, it is what was given."""
     budget = next(p for p in serve.params if p.name == "prefill_budget")
-    defaults = {budget.default, inspect.signature(Engine).parameters["prefill_chunk"].default,
+    assert budget.default is None  # resolved once the model is loaded: where it runs decides
+    cpu, cuda = (SimpleNamespace(variant=SimpleNamespace(kv_device=d)) for d in ("cpu", "cuda"))
+    defaults = {prefill_budget_for(cpu, None), inspect.signature(Engine).parameters["prefill_chunk"].default,
                 *(inspect.signature(getattr(LoadedModel, m)).parameters["prefill_chunk"].default
                   for m in ("generate_batch", "beam_search", "stream"))}
     assert defaults == {PREFILL_CHUNK}
+    assert prefill_budget_for(cuda, None) == GPU_PREFILL_BUDGET > PREFILL_CHUNK
+    assert prefill_budget_for(cuda, 64) == prefill_budget_for(cpu, 64) == 64
 
 
 @pytest.mark.parametrize("graph", ["standard", "kv_buffer"])
