@@ -123,15 +123,24 @@ def per_token(before: dict, after: dict, tokens: int, wall: float) -> dict:
 
 def use_device_slot_pool() -> None:
     """The serving engine on the GPU's pool (DeviceSlotPool: tokens picked in the graph, the next step run during
-    emission) over the CPU session, as `serve --device cuda` runs: with a tiny model, what is left per token is
-    the host's own cost, the part a GPU server is bound by at many clients."""
-    from gptedge.runtime.graphs.kv_buffer_graph import KVBufferGraph
+    emission) over the CPU session, as `serve --device cuda` runs: decode steps through a second session of the
+    decode graph (its own ArgMax), first tokens picked by the ArgMax session, as on a GPU (uncaptured here). With a
+    tiny model, what is left per token is the host's own cost, the part a GPU server is bound by at many clients."""
+    from gptedge.runtime import model as model_module
+    from gptedge.runtime.graphs.cuda_graph import decode_graph_bytes
     from gptedge.runtime.graphs.device_slot_pool import DeviceSlotPool
+    from gptedge.runtime.graphs.kv_buffer_graph import KVBufferGraph
+    from gptedge.runtime.graphs.session import make_session
 
     def sequence_pool(variant, capacity: int, max_length: int):
         return DeviceSlotPool(variant, capacity, max_length, variant.pool_decoder(capacity), variant.pool_decoder)
 
+    def decode_session(variant, manifest, graph, device, config) -> None:  # the GPU's, on the CPU
+        variant.pick_on_device = True
+        variant.enable_cuda_graphs(make_session(decode_graph_bytes(graph.read_bytes()), device="cpu", config=config))
+
     KVBufferGraph.sequence_pool = sequence_pool
+    model_module._enable_cuda_graphs = decode_session
 
 
 def child_serve(argv: list[str]) -> None:
