@@ -182,6 +182,12 @@ class GraphDecoder:
     def last_logits(self) -> np.ndarray:
         return self.logits.numpy()[:, -1, :].astype(np.float32, copy=False)  # (B, V)
 
+    def pick_logits(self) -> np.ndarray:
+        """The greedy token of each row (B,) int64 from what the logits buffer holds now (whatever run wrote it),
+        picked by the ArgMax session where the logits are."""
+        self._picks_fresh = False  # the buffer no longer holds the last decode step's logits
+        return self.pick()
+
     def pick(self) -> np.ndarray:
         """The greedy token of each row (B,) int64, picked where the logits are."""
         if self._pick is None:

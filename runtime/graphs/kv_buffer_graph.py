@@ -130,7 +130,10 @@ class KVBufferGraph(GraphVariant):
         if self._argmax_session is None:
             model = argmax_model(self.logits_dtype == np.float16)
             providers = [CUDA_PROVIDER, CPU_PROVIDER] if self.kv_device == "cuda" else [CPU_PROVIDER]
-            self._argmax_session = self.ort.InferenceSession(model, providers=providers)
+            options = self.ort.SessionOptions()  # one node: no thread pool of its own spinning beside the model's
+            options.intra_op_num_threads = 1
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self._argmax_session = self.ort.InferenceSession(model, options, providers=providers)
         return self._argmax_session
 
     def bind_keep(self, binding, keep: int) -> None:

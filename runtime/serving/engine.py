@@ -237,9 +237,12 @@ class Engine:
                 if getattr(self.pool, "pads_groups", False):  # what each row may come to hold: how much padding fits
                     context = self.model.manifest.shape.context_length
                     extra["room"] = [min(context, len(a.request.prompt_ids) + a.request.max_new_tokens) for a in group]
-                logits = self.pool.prefill_group([a.seq for a in group], [a.request.prompt_ids for a in group],
-                                                 **extra)  # only what the pool is asked for: the GPU's takes fewer
-                for active, row in zip(group, logits, strict=True):
+                seqs, prompts = [a.seq for a in group], [a.request.prompt_ids for a in group]
+                if self._picks:  # plain greedy rows' first tokens picked on the device: rows are tokens or logits
+                    rows = self.pool.prefill_group_picked(seqs, prompts, [a.needs_logits for a in group], **extra)
+                else:  # only what the pool is asked for: the GPU's takes fewer
+                    rows = self.pool.prefill_group(seqs, prompts, **extra)
+                for active, row in zip(group, rows, strict=True):
                     self._joined(active, row)
                     self._group.remove(active)
                 return
@@ -292,8 +295,9 @@ class Engine:
             return None
         return [self.prefix.take(a.keys, a.reused) for a in group]
 
-    def _joined(self, active: Active, logits: np.ndarray) -> None:
-        """A newcomer's prompt is in: its first token from logits (V,), then it runs (or ends at once)."""
+    def _joined(self, active: Active, logits: np.ndarray | int) -> None:
+        """A newcomer's prompt is in: its first token from logits (V,) (or the token itself, picked on the device),
+        then it runs (or ends at once)."""
         if self.prefix is not None:  # its blocks not cached yet, before the row can leave
             self.prefix.store(active.seq, active.keys)
         req = active.request
@@ -305,7 +309,10 @@ class Engine:
                 self._finish(active, "", None, reason=FinishReason.LENGTH)
                 self.metrics.running = len(self._running)
                 return
-        self._emit_next(active, logits)
+        if isinstance(logits, int):
+            self._emit_next(active, None, logits)
+        else:
+            self._emit_next(active, logits)
         if active.state.result.stop:
             self.pool.remove(active.seq)
         else:

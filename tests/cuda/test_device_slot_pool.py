@@ -172,6 +172,34 @@ def test_step_picked_picks_each_greedy_row_on_the_device_and_copies_only_flagged
         assert logits is None and picked.shape == (3,) and picked.dtype == np.int64
 
 
+def test_a_shared_prefill_picks_the_first_tokens_of_rows_that_need_no_logits_on_the_device(model):
+    """prefill_group_picked: each unflagged row's first token is the argmax of what prefill_group gives it (picked
+    by the ArgMax session over the logits left on the device, after a decode step whose own picks are stale by
+    then), each flagged row gets those logits; a pool that does not pick on the device returns logits for all."""
+    picking = load(model.model_dir, device="cpu")
+    picking.variant.pick_on_device = True
+    plain, pool = _device_pool(model, 8), _device_pool(picking, 8, decode_graph=True)  # steps: the widest decoder's
+    for p in (plain, pool):  # a decode step first: the decoder's own picks are then fresh, and not the newcomers'
+        drain(p.prefill(1, A, None))
+        p.step([1], np.array([8]))
+    room = [len(p) + 6 for p in (B, C_, D)]  # short enough to share one run (padded to B's length)
+    want = plain.prefill_group([2, 3, 4], [B, C_, D], room=room)  # (3, V)
+    argmax_runs = _counting_runs(picking.variant.argmax_session)
+    got = pool.prefill_group_picked([2, 3, 4], [B, C_, D], [False, True, False], room=room)
+    assert len(argmax_runs) == 1  # one pick for the shared run
+    assert isinstance(got[0], int) and isinstance(got[2], int)
+    assert [got[0], got[2]] == [int(want[0].argmax()), int(want[2].argmax())]
+    np.testing.assert_allclose(got[1], want[1], atol=2e-5, rtol=0)
+    host = _device_pool(model, 8)
+    drain(host.prefill(1, A, None))
+    rows = host.prefill_group_picked([2, 3, 4], [B, C_, D], [False, True, False], room=room)  # none picked there
+    assert all(isinstance(r, np.ndarray) for r in rows)
+    np.testing.assert_allclose(np.stack(rows), want, atol=2e-5, rtol=0)
+    assert [int(t) for t in pool.step_picked([1, 2, 3, 4], np.array([9, got[0], int(got[1].argmax()), got[2]]),
+                                             [False] * 4)[0]] == list(plain.step([1, 2, 3, 4], np.array(
+                                                 [9, got[0], int(got[1].argmax()), got[2]])).argmax(-1))
+
+
 def _counting_runs(session) -> list:
     """Each run_with_iobinding of the session from now on appends to the list returned."""
     runs, run = [], session.run_with_iobinding
@@ -283,8 +311,8 @@ def test_the_engine_pads_a_newcomer_only_where_its_new_tokens_still_fit(model):
     def pool(capacity, max_length):
         pools.append(_device_pool(served, capacity, narrow=True))
         together = pools[-1]._prefill_together
-        pools[-1]._prefill_together = lambda seqs, prompts, first: (shared.append(list(seqs)), together(
-            seqs, prompts, first))[1]
+        pools[-1]._prefill_together = lambda seqs, prompts, first, *rest: (shared.append(list(seqs)), together(
+            seqs, prompts, first, *rest))[1]
         return pools[-1]
 
     served.variant.sequence_pool = pool

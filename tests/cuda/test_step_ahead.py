@@ -183,8 +183,9 @@ def test_newcomers_held_back_share_one_prefill_run_while_a_row_decodes(served):
     pool = served.pools[0]
     _slow_steps(pool, 0.005, [0])  # ~5 ms a step: the first row runs for ~300 ms
     groups = []
-    prefill_group = pool.prefill_group
-    pool.prefill_group = lambda seqs, prompts, **kw: (groups.append(list(seqs)), prefill_group(seqs, prompts, **kw))[1]
+    prefill_group = pool.prefill_group_picked  # the engine's over a pool that picks on the device
+    pool.prefill_group_picked = lambda seqs, prompts, needs, **kw: (groups.append(list(seqs)),
+                                                                    prefill_group(seqs, prompts, needs, **kw))[1]
     waiting_at_launch = []
     launch = engine._ahead.launch
     engine._ahead.launch = lambda *a: (waiting_at_launch.append(len(engine._waiting)), launch(*a))[1]
