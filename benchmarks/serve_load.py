@@ -19,6 +19,7 @@ holding back half a UTF-8 character carries two tokens, so this errs high); then
 through HTTP next to generate's, and the server's peak RSS (VmHWM) next to the model's size on disk; and the
 docs/performance.md#targets as met or missed. Timings mean something only on a quiet machine.
 `--serve-args='--spin'` appends options to every `gptedge serve` it starts (an A/B of a serve option).
+`--trace PREFIX` starts the server through engine_trace.py and prints where its engine thread's time went.
 
 With `--peer llama-server` the same load also runs against llama.cpp's own server, interleaved, and one comparison
 table comes out (`--out FILE.md` writes it too, with every figure in FILE.json):
@@ -133,11 +134,14 @@ def parse_stream(sent: float, lines: Iterable[tuple[float, str]]) -> RequestTimi
 
 
 def start_server(model: Path, threads: int, max_batch: int, log: Path,
-                 extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "gptedge.cli", "serve", str(model), "--port", "0", "--model-name", "bench",
+                 extra: list[str] = (), trace: str | None = None) -> tuple[subprocess.Popen, str]:
+    """trace: the engine's turns written to TRACE.PID.jsonl as the server exits (engine_trace.py)."""
+    launcher = ["-m", "gptedge.cli"] if trace is None else [str(Path(__file__).resolve().parent / "engine_trace.py")]
+    cmd = [sys.executable, *launcher, "serve", str(model), "--port", "0", "--model-name", "bench",
            "--threads", str(threads), "--max-batch", str(max_batch), "--max-queue", "256", *extra]
+    env = None if trace is None else {**os.environ, "GPTEDGE_ENGINE_TRACE": trace}
     with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         found = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
@@ -275,12 +279,17 @@ def bench_model(model: Path, args, in_process: bool = True) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(model, args.threads, args.max_batch, Path(tmp) / "serve.log",
-                                 [*args.serve_args, "--device", args.device])
+                                 [*args.serve_args, "--device", args.device], getattr(args, "trace", None))
         try:
             rows = measure_load(url, prompts, args)
             rss = peak_rss_mib(proc.pid)
         finally:
             stop_server(proc)
+    if getattr(args, "trace", None):  # where the engine thread's time went (engine_trace.py)
+        from engine_trace import read, summary
+
+        print(f"\nengine trace {args.trace}.{proc.pid}.jsonl:")
+        print("\n".join(summary(read(f"{args.trace}.{proc.pid}.jsonl"))))
     return {"model": str(model), "precision": manifest.precision, "rows": rows,
             "generate_tok_s": float(np.median(solo)) if solo else None, "peak_rss_mib": rss, "size_mib": size_mib}
 
@@ -326,6 +335,9 @@ def main() -> None:
                     help="Each client reuses its connection (the openai client's way) instead of one per request.")
     ap.add_argument("--serve-args", default=None,
                     help="gptedge serve options appended, as --serve-args='--spin' (an A/B of a serve option).")
+    ap.add_argument("--trace", default=None, metavar="PREFIX",
+                    help="Trace the server's engine turns to PREFIX.PID.jsonl and print where its time went "
+                         "(engine_trace.py).")
     peer = ap.add_argument_group("--peer llama-server")
     peer.add_argument("--peer", choices=["llama-server"], help="Run the same load against this server too.")
     peer.add_argument("--checkpoint", type=Path, help="The HF checkpoint the dirs came from (default: the manifest's).")

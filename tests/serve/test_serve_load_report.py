@@ -304,3 +304,22 @@ def test_device_reaches_generate_and_the_server(monkeypatch, gpt2_kv_buffer_load
     with pytest.raises(SystemExit, match="stop here"):
         sl.bench_model(gpt2_kv_buffer_loaded.model_dir, args)
     assert devices == ["cuda"] and extras == [["--spin", "--device", "cuda"]]
+
+
+def test_the_engine_trace_sums_turns_by_kind_and_times_each_burst_until_the_batch_is_full_again():
+    """benchmarks/engine_trace.py's summary over a made-up trace: two rows stepping plain, a prefill of two
+    newcomers, then four rows stepped ahead; a burst of two submissions 1 ms apart, then a lone one."""
+    et = importlib.import_module("engine_trace")  # beside serve_load, on the path it put there
+    rows = [["su", 0.000, 0, 1, 0], ["su", 0.001, 0, 1, 0],
+            ["pr", 0.002, 0.006, 2, 2], ["de", 0.006, 0.009, [2, False], 2],
+            ["pr", 0.009, 0.010, 2, 4], ["de", 0.010, 0.012, [4, True], 4], ["de", 0.012, 0.014, [4, True], 4],
+            ["pr", 0.014, 0.0141, 0, 4],  # nothing waiting: not a prefill
+            ["su", 0.500, 0, 1, 0]]
+    lines = et.summary(rows)
+    assert "3 submissions" in lines[0] and "span 12 ms" in lines[0]
+    kinds = {line.split(" n=")[0].strip(): line for line in lines[1:] if " n=" in line}
+    assert set(kinds) == {"decode turn, 1-15 rows, plain", "decode turn, full rows, stepped ahead", "prefill turn"}
+    assert "n=    2  total      5.0 ms  mean   2.50 ms" in kinds["prefill turn"]
+    assert "n=    2  total      4.0 ms" in kinds["decode turn, full rows, stepped ahead"]
+    bursts = [line for line in lines if "burst" in line]
+    assert bursts == ["  burst of   2 submissions over    1.0 ms; 4 rows stepping 10.0 ms after its first"]
