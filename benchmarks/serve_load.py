@@ -288,8 +288,11 @@ def bench_model(model: Path, args, in_process: bool = True) -> dict:
     if getattr(args, "trace", None):  # where the engine thread's time went (engine_trace.py)
         from engine_trace import read, summary
 
-        print(f"\nengine trace {args.trace}.{proc.pid}.jsonl:")
-        print("\n".join(summary(read(f"{args.trace}.{proc.pid}.jsonl"))))
+        path = f"{args.trace}.{proc.pid}.jsonl"
+        try:
+            print(f"\nengine trace {path}:\n" + "\n".join(summary(read(path))))
+        except OSError as e:  # a server killed rather than stopped writes none: the load's figures still count
+            print(f"\nengine trace {path}: not written ({e.strerror})")
     return {"model": str(model), "precision": manifest.precision, "rows": rows,
             "generate_tok_s": float(np.median(solo)) if solo else None, "peak_rss_mib": rss, "size_mib": size_mib}
 

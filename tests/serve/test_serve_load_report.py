@@ -246,7 +246,7 @@ def test_llama_server_gets_the_issues_command_line():
 
 def test_serve_args_reach_the_gptedge_server_command(monkeypatch, tmp_path):
     """--serve-args='--spin' (an A/B of a serve option) is appended to `gptedge serve`'s command line."""
-    seen = []
+    seen, envs = [], []
 
     class Proc:
         pid = 1
@@ -254,8 +254,9 @@ def test_serve_args_reach_the_gptedge_server_command(monkeypatch, tmp_path):
         def poll(self):
             return None
 
-    def popen(cmd, stdout, stderr):
+    def popen(cmd, stdout, stderr, env=None):
         seen.append(cmd)
+        envs.append(env)
         stderr.write(b"gptedge serve: listening on http://127.0.0.1:5123\n")
         stderr.flush()
         return Proc()
@@ -263,8 +264,12 @@ def test_serve_args_reach_the_gptedge_server_command(monkeypatch, tmp_path):
     monkeypatch.setattr(sl.subprocess, "Popen", popen)
     _, url = sl.start_server(tmp_path / "m", 2, 16, tmp_path / "serve.log", ["--spin", "--prefill-budget", "64"])
     assert url == "http://127.0.0.1:5123"
+    assert seen[0][1:3] == ["-m", "gptedge.cli"] and envs[0] is None
     assert seen[0][3:] == ["serve", str(tmp_path / "m"), "--port", "0", "--model-name", "bench", "--threads", "2",
                            "--max-batch", "16", "--max-queue", "256", "--spin", "--prefill-budget", "64"]
+    sl.start_server(tmp_path / "m", 2, 16, tmp_path / "serve.log", [], trace=str(tmp_path / "trace"))  # --trace
+    assert seen[1][1].endswith("engine_trace.py") and seen[1][2:4] == ["serve", str(tmp_path / "m")]
+    assert envs[1]["GPTEDGE_ENGINE_TRACE"] == str(tmp_path / "trace")
 
 
 def test_the_json_carries_the_machine_facts_beside_every_figure():
@@ -293,7 +298,7 @@ def test_device_reaches_generate_and_the_server(monkeypatch, gpt2_kv_buffer_load
         devices.append(device)
         return Loaded()
 
-    def start_server(model, threads, max_batch, log, extra):
+    def start_server(model, threads, max_batch, log, extra, trace=None):
         extras.append(list(extra))
         raise SystemExit("stop here")
 
