@@ -224,11 +224,13 @@ def _serve(uvicorn, app, state, sock, host: str, api_key: str | None, shutdown_t
 
 
 def prefill_budget_for(loaded, given: int | None) -> int:
-    """--prefill-budget, or its default for where the model runs: a GPU's prefill run is launch-bound, so there the
-    default takes a burst of short prompts in one run (generation_options.GPU_PREFILL_BUDGET)."""
+    """--prefill-budget, or its default for the engine's pool: where newcomers share one launch-bound prefill run on
+    the GPU (a kv_buffer dir with a wide mask on CUDA), a burst of short prompts in one run
+    (generation_options.GPU_PREFILL_BUDGET); elsewhere PREFILL_CHUNK (a pool that prefills each prompt alone, or the
+    CPU's, would only stall running rows longer)."""
     if given is not None:
         return given
-    return GPU_PREFILL_BUDGET if loaded.variant.kv_device != "cpu" else PREFILL_CHUNK
+    return GPU_PREFILL_BUDGET if getattr(loaded.variant, "shares_device_prefills", False) else PREFILL_CHUNK
 
 
 def _run(uvicorn, app, loaded, model: str, name: str, host: str, port: int, max_batch: int, prefill_budget: int | None,

@@ -9,10 +9,10 @@ extensions (the client passes them through `extra_body`), as are the structured 
 
 from __future__ import annotations
 
-import itertools
 import math
+import os
+import random
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from gptedge.runtime.generation.sampling import SamplingParams
@@ -213,14 +213,15 @@ class Logprobs:
                 "text_offset": self.text_offset}
 
 
-_ID_PREFIX = uuid.uuid4().hex[:16]  # this process's: ids stay unique across restarts
-_ID_COUNTER = itertools.count()
+_IDS = random.Random(os.urandom(32))  # this process's, seeded once from the OS (ids differ across restarts)
 
 
 def response_id(kind: str) -> str:
-    """An opaque id for a response, `kind` + 32 hex digits. Not a uuid4 each: that reads the OS's random source, a
-    system call per request on the event loop (~10-50 us, more while other threads wait for the GIL)."""
-    return f"{kind}{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+    """An opaque id for a response, `kind` + 32 hex digits drawn from a generator seeded once per process: not a
+    uuid4 each (that reads the OS's random source, a system call per request on the event loop, ~10-50 us, more
+    while other threads wait for the GIL), and not a counter (which would tell a client how many requests others
+    made between two of its own)."""
+    return f"{kind}{_IDS.getrandbits(128):032x}"
 
 
 class Completion:

@@ -1,7 +1,7 @@
 """How to generate, as frozen records checked field by field: SamplingParams (each token) and BeamOptions
-(beam search), and the prefill defaults (PREFILL_CHUNK, PREFIX_CACHE_MB). No numpy: the CLI builds them from its options
-before anything heavy is imported, and passes them whole to the runtime (LoadedModel.generate / stream, the
-engine's requests)."""
+(beam search), and the prefill defaults (PREFILL_CHUNK, GPU_PREFILL_BUDGET, PREFIX_CACHE_MB). No numpy: the CLI
+builds them from its options before anything heavy is imported, and passes them whole to the runtime
+(LoadedModel.generate / stream, the engine's requests)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError
 
 # Prompt tokens per prefill run: generate()'s prefill_chunk, the engine's, and `gptedge serve --prefill-budget`'s
-# default (one concept, one default). Attention kernels compute every (query, key) pair of a run, the causal half
-# included; prefilling in chunks skips the blocks above the diagonal. 256 was the fastest chunk for a 512-token
-# prompt on GPT-2 small (2 cores): int8 -10 %, fp32 -8 %; in the server, a burst of eight 32-token prompts in one
-# run (benchmarks/results/serve-* show what it does to first-token and inter-token latency).
+# default (one concept, one default; the server's on a GPU whose pool shares prefill runs: GPU_PREFILL_BUDGET).
+# Attention kernels compute every (query, key) pair of a run, the causal half included; prefilling in chunks skips
+# the blocks above the diagonal. 256 was the fastest chunk for a 512-token prompt on GPT-2 small (2 cores): int8
+# -10 %, fp32 -8 %; in the server, a burst of eight 32-token prompts in one run (benchmarks/results/serve-* show what
+# it does to first-token and inter-token latency).
 PREFILL_CHUNK = 256
 
 # The server's prefill budget on a GPU (`gptedge serve --prefill-budget`'s default there). A prefill run through the

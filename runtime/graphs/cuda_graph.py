@@ -10,7 +10,8 @@ context and rewrites their contents in place:
 - keys and values (B, nh, context, width) per layer, bound as past and present (GroupQueryAttention writes
   each step's position in place, as in KVBufferState);
 - input_ids and position_ids (B, 1), attention_mask (B, context), all int64;
-- logits (B, 1, V), read by the greedy ArgMax session or copied to the host.
+- logits (B, 1, V), copied to the host for rows that sample, or picked by the ArgMax session after a prefill run;
+- picked (B, 1) int64: the decode graph's own greedy picks (below).
 
 The mask is always `context` wide: such a graph reads its timeline from the mask's content (manifest
 `wide_mask`, export/graph_attention.timeline_lengths), and the columns past the positions held are zeros.

@@ -135,11 +135,11 @@ class DeviceSlotPool:
     def prefill_group_picked(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]],
                              needs_logits: Sequence[bool], *, keep_all: Sequence[bool] = (),
                              room: Sequence[int] = ()) -> list[np.ndarray | int]:
-        """prefill_group, with the first token of each row not flagged in needs_logits picked where the logits are
-        (as step_picked) -> per row in seqs' order its greedy token (int), or its logits (V,) float32 when flagged
-        (or when it ran alone). For 64 32-token prompts on a GPU, copying the shared run's (64, V) fp16 logits to
-        the host, converting and stacking them took ~13 ms of the engine thread's time (8 + 5 on this repo's Zen 4
-        CPU), ~3x the run."""
+        """prefill_group, with the first tokens picked where the logits are (as step_picked) when no row of a shared
+        run is flagged in needs_logits -> per row in seqs' order its greedy token (int), or its logits (V,) float32
+        (a run with a flagged row, or a row that ran alone). For 64 32-token prompts on a GPU, copying the shared
+        run's (64, V) fp16 logits to the host, converting and stacking them took ~13 ms of the engine thread's time
+        (8 + 5 on this repo's Zen 4 CPU), ~3x the run."""
         return self._prefill_rows(seqs, prompts, keep_all, room, needs_logits)
 
     def _prefill_rows(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]], keep_all: Sequence[bool],
@@ -190,8 +190,8 @@ class DeviceSlotPool:
     def _prefill_together(self, seqs: Sequence[int], prompts: Sequence[Sequence[int]], first: int,
                           needs_logits: Sequence[bool] | None = None) -> list[np.ndarray | int]:
         """One run of m prompts into slots first .. first + m - 1 -> per row its logits (V,) float32, or its greedy
-        token where needs_logits allows and the pool picks on the device. ids, mask, positions (m, S), S the longest
-        prompt, each prompt at the right end of its row."""
+        token when needs_logits flags none and the pool picks on the device. ids, mask, positions (m, S), S the
+        longest prompt, each prompt at the right end of its row."""
         m, longest = len(seqs), max(len(p) for p in prompts)
         for r, seq in enumerate(seqs):  # theirs before the run: a run that fails frees them through remove()
             self._slot[seq] = first + r
@@ -202,7 +202,9 @@ class DeviceSlotPool:
             pad = longest - len(prompt)
             ids[r, pad:], mask[r, pad:], pos[r, pad:] = prompt, 1, np.arange(len(prompt))
         binding, logits = self._bind_slot(first, 1, m)
-        picking = needs_logits is not None and self.variant.pick_on_device and not all(needs_logits)
+        # only when no row needs its logits: the device buffer comes over whole (capacity rows), the host binding
+        # brings exactly these m rows (a mixed group takes the host path, as before)
+        picking = needs_logits is not None and self.variant.pick_on_device and not any(needs_logits)
         if picking:  # the logits stay where they are computed, in the first m rows of the decoder's (capacity, 1, V)
             # buffer (no step reads it before the next step writes it), picked there by the ArgMax session
             binding.bind_output(C.LOGITS, self.variant.kv_device, 0, self.variant.logits_dtype,
@@ -219,10 +221,7 @@ class DeviceSlotPool:
             self._joined.add(seq)
         if not picking:
             return list(logits[:, -1].astype(np.float32))  # m x (V,)
-        picked = self.decoder.pick_logits()[:m].tolist()
-        if any(needs_logits):  # the flagged rows' logits to the host (the whole buffer comes over: rare)
-            logits = self.decoder.logits.numpy()
-        return [logits[r, -1].astype(np.float32) if needs else picked[r] for r, needs in enumerate(needs_logits)]
+        return self.decoder.pick_logits()[:m].tolist()  # m greedy first tokens
 
     def _advance(self, seqs: Sequence[int], tokens: np.ndarray) -> tuple[list[int], GraphDecoder]:
         """One decode run over the slots up to the highest joined one, each joined row fed its token -> the rows'

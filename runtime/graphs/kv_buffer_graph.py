@@ -154,10 +154,15 @@ class KVBufferGraph(GraphVariant):
         # batch > 1 ("batch_size must be 1 when sequence_length > 1 and past context is given").
         return requested if batch == 1 else None
 
+    @property
+    def shares_device_prefills(self) -> bool:
+        """Its server pool is the GPU's DeviceSlotPool: newcomers share launch-bound prefill runs on the device."""
+        return self.kv_device != "cpu" and bool(self.manifest.wide_mask)
+
     def sequence_pool(self, capacity: int, max_length: int):
         if self.kv_device == "cpu":
             return SlotPool(self, capacity, max_length)
-        if self.manifest.wide_mask:  # rows of their own on the device, one (captured) decode run for all of them
+        if self.shares_device_prefills:  # rows of their own on the device, one (captured) decode run for all of them
             return DeviceSlotPool(self, capacity, max_length, self.pool_decoder(capacity), self.pool_decoder)
         return super().sequence_pool(capacity, max_length)  # SlotPool's rows are host memory
 

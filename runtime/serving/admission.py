@@ -65,7 +65,7 @@ def plan_prefill(in_progress: bool, waiting: Iterable[int | tuple[int, int]], ru
 # Off by default (`serve --prefill-hold-ms`): the load serve_load.py sends (every client's requests in lockstep)
 # arrives in groups already, and on it 0 / 10 / 25 ms gave 12,462 / 12,334 / 13,312 tok/s at 64 clients on an H200
 # (benchmarks/results/gpu-2026-11-27-serve.md), within that load's run-to-run spread.
-HOLD_GROUP = 8  # 8 prompts of 32 tokens fill the default budget (256 positions)
+HOLD_GROUP = 8  # 8 prompts of 32 tokens filled the old GPU default budget (256 positions); 2048 takes 64: unmeasured
 
 
 def holds_newcomers(waiting: int, oldest_waited_s: float, running: int, max_batch: int, hold_s: float) -> bool:

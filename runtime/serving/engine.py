@@ -238,7 +238,7 @@ class Engine:
                     context = self.model.manifest.shape.context_length
                     extra["room"] = [min(context, len(a.request.prompt_ids) + a.request.max_new_tokens) for a in group]
                 seqs, prompts = [a.seq for a in group], [a.request.prompt_ids for a in group]
-                if self._picks:  # plain greedy rows' first tokens picked on the device: rows are tokens or logits
+                if hasattr(self.pool, "prefill_group_picked"):  # first tokens picked on the device: tokens or logits
                     rows = self.pool.prefill_group_picked(seqs, prompts, [a.needs_logits for a in group], **extra)
                 else:  # only what the pool is asked for: the GPU's takes fewer
                     rows = self.pool.prefill_group(seqs, prompts, **extra)
@@ -309,7 +309,7 @@ class Engine:
                 self._finish(active, "", None, reason=FinishReason.LENGTH)
                 self.metrics.running = len(self._running)
                 return
-        if isinstance(logits, int):
+        if isinstance(logits, (int, np.integer)):  # picked on the device
             self._emit_next(active, None, logits)
         else:
             self._emit_next(active, logits)

@@ -88,6 +88,42 @@ def test_a_generation_after_another_of_its_batch_size_picks_its_first_token_from
     assert decoder.picked is not None  # the decode steps picked their own tokens
 
 
+def test_a_replay_that_fails_falls_back_without_reading_its_stale_picks(kvb, monkeypatch):
+    """A decode run the capture session refuses mid-generation (as a failed CUDA graph replay) goes on through the
+    ordinary session, which has no ArgMax of its own: the picks after it are the ArgMax session's over the new
+    logits, not what the capture session's pick buffer holds (marked -1 here as the replay fails), and greedy
+    equals the ordinary path."""
+    from gptedge.runtime.graphs.cuda_graph import GraphDecoder
+
+    plain, model = load(kvb, device="cpu"), _graph_model(kvb, pick_on_device=True)
+    graphs = model.variant.cuda_graphs
+    session, runs = graphs.session, []
+    run = session.run_with_iobinding
+
+    def failing_once(*args, **kwargs):
+        runs.append(1)
+        if len(runs) == 4:  # the fourth decode step
+            for d in graphs._decoders.values():
+                d.picked.update_inplace(np.full((d.batch, 1), -1, np.int64))
+            raise RuntimeError("replay failed")
+        return run(*args, **kwargs)
+
+    session.run_with_iobinding = failing_once
+    pick, picks = GraphDecoder.pick, []
+
+    def checked(self):  # every pick is the argmax of the logits the last run wrote
+        picked = pick(self)
+        picks.append(picked.tolist() == self.last_logits().argmax(-1).tolist())
+        return picked
+
+    monkeypatch.setattr(GraphDecoder, "pick", checked)
+    want = plain.generate_batch(PROMPTS, max_new_tokens=10, greedy=True, ignore_eos=True, with_text=False)
+    got = model.generate_batch(PROMPTS, max_new_tokens=10, greedy=True, ignore_eos=True, with_text=False)
+    assert len(runs) == 4 and graphs.failed == "replay failed"
+    assert len(picks) >= 9 and all(picks)
+    assert [g.ids for g in got] == [w.ids for w in want]
+
+
 def test_graph_decoder_logits_equal_ordinary_path(kvb):
     """Sampling reads every logit: the decoder's (B, V) after prefill and each step equal KVBufferState's."""
     model = _graph_model(kvb)

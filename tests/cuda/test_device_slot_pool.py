@@ -172,10 +172,11 @@ def test_step_picked_picks_each_greedy_row_on_the_device_and_copies_only_flagged
         assert logits is None and picked.shape == (3,) and picked.dtype == np.int64
 
 
-def test_a_shared_prefill_picks_the_first_tokens_of_rows_that_need_no_logits_on_the_device(model):
-    """prefill_group_picked: each unflagged row's first token is the argmax of what prefill_group gives it (picked
-    by the ArgMax session over the logits left on the device, after a decode step whose own picks are stale by
-    then), each flagged row gets those logits; a pool that does not pick on the device returns logits for all."""
+def test_a_shared_prefill_picks_the_first_tokens_on_the_device_when_no_row_needs_its_logits(model):
+    """prefill_group_picked: with no row flagged, each row's first token is the argmax of what prefill_group gives
+    it (picked by one ArgMax session run over the logits left on the device, after a decode step whose own picks
+    are stale by then); a group with a flagged row gets every row's logits (m rows to the host, as before); a pool
+    that does not pick on the device returns logits for all."""
     picking = load(model.model_dir, device="cpu")
     picking.variant.pick_on_device = True
     plain, pool = _device_pool(model, 8), _device_pool(picking, 8, decode_graph=True)  # steps: the widest decoder's
@@ -185,19 +186,24 @@ def test_a_shared_prefill_picks_the_first_tokens_of_rows_that_need_no_logits_on_
     room = [len(p) + 6 for p in (B, C_, D)]  # short enough to share one run (padded to B's length)
     want = plain.prefill_group([2, 3, 4], [B, C_, D], room=room)  # (3, V)
     argmax_runs = _counting_runs(picking.variant.argmax_session)
-    got = pool.prefill_group_picked([2, 3, 4], [B, C_, D], [False, True, False], room=room)
+    got = pool.prefill_group_picked([2, 3, 4], [B, C_, D], [False] * 3, room=room)
     assert len(argmax_runs) == 1  # one pick for the shared run
-    assert isinstance(got[0], int) and isinstance(got[2], int)
-    assert [got[0], got[2]] == [int(want[0].argmax()), int(want[2].argmax())]
-    np.testing.assert_allclose(got[1], want[1], atol=2e-5, rtol=0)
+    assert all(isinstance(t, int) for t in got) and got == [int(w.argmax()) for w in want]
+    fed = np.array([9, *got])
+    assert pool.step_picked([1, 2, 3, 4], fed, [False] * 4)[0].tolist() == plain.step([1, 2, 3, 4],
+                                                                                        fed).argmax(-1).tolist()
+    for p in (plain, pool):
+        for seq in (2, 3, 4):
+            p.remove(seq)
+    want = plain.prefill_group([2, 3, 4], [B, C_, D], room=room)
+    mixed = pool.prefill_group_picked([2, 3, 4], [B, C_, D], [False, True, False], room=room)
+    assert len(argmax_runs) == 1 and all(isinstance(r, np.ndarray) for r in mixed)  # nothing picked
+    np.testing.assert_allclose(np.stack(mixed), want, atol=2e-5, rtol=0)
     host = _device_pool(model, 8)
     drain(host.prefill(1, A, None))
-    rows = host.prefill_group_picked([2, 3, 4], [B, C_, D], [False, True, False], room=room)  # none picked there
+    rows = host.prefill_group_picked([2, 3, 4], [B, C_, D], [False] * 3, room=room)  # none picked there
     assert all(isinstance(r, np.ndarray) for r in rows)
     np.testing.assert_allclose(np.stack(rows), want, atol=2e-5, rtol=0)
-    assert [int(t) for t in pool.step_picked([1, 2, 3, 4], np.array([9, got[0], int(got[1].argmax()), got[2]]),
-                                             [False] * 4)[0]] == list(plain.step([1, 2, 3, 4], np.array(
-                                                 [9, got[0], int(got[1].argmax()), got[2]])).argmax(-1))
 
 
 def _counting_runs(session) -> list:

@@ -67,16 +67,18 @@ def _run(model, requests, budget, max_batch=8, fail_groups=False):
 
 def test_the_prefill_budget_is_one_concept_with_one_default():
     """generate's prefill_chunk, the engine's, and `gptedge serve --prefill-budget` on the CPU are one setting: one
-    default. On CUDA serve's default is the GPU's (a prefill run there is launch-bound); given, it is what was given."""
+    default. Where the pool shares launch-bound prefill runs on a GPU serve's default is the GPU's; given, it is what
+    was given; a variant without the property (the standard graph) gets the CPU's."""
     budget = next(p for p in serve.params if p.name == "prefill_budget")
     assert budget.default is None  # resolved once the model is loaded: where it runs decides
-    cpu, cuda = (SimpleNamespace(variant=SimpleNamespace(kv_device=d)) for d in ("cpu", "cuda"))
+    cpu, cuda = (SimpleNamespace(variant=SimpleNamespace(shares_device_prefills=s)) for s in (False, True))
     defaults = {prefill_budget_for(cpu, None), inspect.signature(Engine).parameters["prefill_chunk"].default,
                 *(inspect.signature(getattr(LoadedModel, m)).parameters["prefill_chunk"].default
                   for m in ("generate_batch", "beam_search", "stream"))}
     assert defaults == {PREFILL_CHUNK}
     assert prefill_budget_for(cuda, None) == GPU_PREFILL_BUDGET > PREFILL_CHUNK
     assert prefill_budget_for(cuda, 64) == prefill_budget_for(cpu, 64) == 64
+    assert prefill_budget_for(SimpleNamespace(variant=SimpleNamespace(kv_device="cuda")), None) == PREFILL_CHUNK
 
 
 @pytest.mark.parametrize("graph", ["standard", "kv_buffer"])
