@@ -80,7 +80,8 @@ def _listen(host: str, port: int) -> socket.socket:
               help="Prompt positions (padding counted) one prefill run may take between two decode steps: "
                    "newcomers whose prompts fit are prefilled together, a longer prompt in chunks. Smaller: "
                    f"running streams stall less; larger: a burst's first tokens come sooner. [default: "
-                   f"{PREFILL_CHUNK} on the CPU, {GPU_PREFILL_BUDGET} on CUDA]")
+                   f"{GPU_PREFILL_BUDGET} for a kv_buffer dir on CUDA (one launch-bound run takes a burst), else "
+                   f"{PREFILL_CHUNK}]")
 @click.option("--prefill-hold-ms", default=0.0, show_default=True, type=Milliseconds(0, 1000),
               help="Milliseconds newcomers may wait while rows decode (or until 8 or as many as there are free "
                    "rows wait), so that several share one prefill run: for a GPU, where a run costs about a decode "

@@ -11,7 +11,7 @@ one takes their keys and values from the prefix cache (prefix_cache.py; the plan
 run) and the blocks it adds are stored once it is prefilled. Newcomers join the running batch at the step boundary; a
 sequence leaves the batch when it ends or is cancelled, and its room is reused. Each step decodes
 every joined sequence at once through the graph variant's sequence pool. Token selection, stop
-handling and text streaming are generate()'s own (`generation.SequenceState`), so a request gets
+handling and text streaming are generate()'s own (`generation.SequenceState`, applied by emission.py), so a request gets
 the tokens `generate` gives for the same prompt and settings whatever else is in the batch (fp32; INT8 within its batch
 invariance). Events reach the caller through its callback, on the engine thread: keep it short
 (the HTTP layer hands them to its event loop).
@@ -29,22 +29,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..generation.arguments import check_int
-from ..generation.constraints import STOP_GRAMMAR, MaskWorker
-from ..generation.evaluate import log_softmax
-from ..generation.generation import (STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, STOP_STRING, Generation, SequenceState,
-                                     check_prompts)
+from ..generation.constraints import MaskWorker
+from ..generation.generation import Generation, SequenceState, check_prompts
 from ..generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB
-from ..generation.sampling import select_token
 from ..generation.text_stream import TextStream, token_text
 from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
 from .admission import PrefillPlan, holds_newcomers, plan_prefill
+from .emission import Emission
 from .metrics import EngineMetrics
 from .prefix_cache import PrefixReuse
 from .prompt_logprobs import prompt_logprobs
@@ -80,8 +77,10 @@ class Engine:
         self._masks = MaskWorker()  # constrained rows' next masks, computed while the step runs
         self.prefix = self._prefix_reuse(prefix_cache_mb)  # None: every prompt is prefilled from its first token
         self._tokenizer = model.tokenizer if model.has_tokenizer else None
+        text_of = None
         if self._tokenizer is not None:  # cached: the same ids recur
-            self._token_text = functools.lru_cache(maxsize=65536)(functools.partial(token_text, self._tokenizer))
+            text_of = functools.lru_cache(maxsize=65536)(functools.partial(token_text, self._tokenizer))
+        self._emission = Emission(model.manifest, self.metrics, text_of)  # a row's token -> its request's event
         self._cond = threading.Condition()
         self._waiting: deque[Active] = deque()
         self._running: list[Active] = []
@@ -378,64 +377,12 @@ class Engine:
         return selected
 
     def _emit_next(self, active: Active, logits: np.ndarray | None, tok: int | None = None) -> None:
-        """Select one token from logits (V,) (or take `tok`, picked on the device for a plain greedy row, logits
-        None), report it, and mark the request done when it ends."""
-        req, state, rule = active.request, active.state, active.constraint
-        if tok is None:
-            tok = select_token(logits if rule is None else rule.apply(logits), req.sampling, state.rng, state.seen)
-        logprob, top = None, None
-        if req.logprobs:
-            logp = log_softmax(logits[None])[0]
-            logprob = float(logp[tok])
-            best = np.argpartition(-logp, req.logprobs)[: req.logprobs]
-            top = {int(i): float(logp[i]) for i in best[np.argsort(-logp[best])]}
-        eos = None if req.ignore_eos else (self.model.manifest.stop_ids or None)
-        piece = state.take(tok, eos, req.max_new_tokens, self.model.manifest.shape.context_length)
-        if not req.ignore_eos and tok in req.stop_ids and state.result.stop != STOP_EOS:
-            state.result.stop = STOP_EOS  # the end of a chat turn: a stop, whatever else take() found
-        error = None
-        if rule is not None and state.result.stop not in (STOP_EOS, STOP_STRING):
-            if not rule.advance(tok):
-                error = state.result.stop = f"constraint: {rule.error}"
-            elif rule.done:
-                state.result.stop = STOP_GRAMMAR  # the grammar is complete and allows nothing more: a stop
-        now = time.perf_counter()
-        first = not active.last_token_at
-        self.metrics.observe_token(now - (active.submitted if first else active.last_token_at), first)
-        active.last_token_at, active.pending = now, tok
-        named = {}
-        if req.logprobs and state.stream is not None:
-            named = {"token_text": self._token_text(tok), "text_offset": state.stream.last_offset}
-        if error is not None:
-            self._finish(active, piece, tok, logprob, top, FinishReason.ERROR, error, named=named)
-        elif state.result.stop:
-            self._finish(active, piece, tok, logprob, top, named=named)
-        else:
-            self._deliver(active, TokenEvent(piece, tok, logprob, top, **named))
+        """Select one token from logits (V,) (or take `tok`, picked on the device), report it, and mark the request
+        done when it ends (emission.py)."""
+        self._emission.next(active, logits, tok)
 
-    def _deliver(self, active: Active, event: TokenEvent) -> None:
-        """Hand an event to its request's callback. A callback that raises ends its own request (cancelled at
-        the next step boundary), never the batch: the others' events keep coming."""
-        if active.prompt_logprobs is not None:  # the first event carries them
-            event, active.prompt_logprobs = replace(event, prompt_logprobs=active.prompt_logprobs), None
-        try:
-            active.on_event(event)
-        except Exception as e:  # the caller's code: anything may come out of it
-            if not active.cancelled.is_set():
-                log.warning("request %d: its event callback raised %s: %s; the request is cancelled",
-                            active.seq, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
-            active.cancelled.set()
-
-    def _finish(self, active: Active, piece: str, tok: int | None, logprob=None, top=None,
-                reason: FinishReason | None = None, error: str | None = None, named: dict | None = None) -> None:
-        r = active.state.result
-        tail = active.state.stream.flush() if active.state.stream is not None and reason is None else ""
-        if active.state.stream is not None:
-            r.text = active.state.stream.text
-        reason = reason or (FinishReason.LENGTH if r.stop in (STOP_MAX_NEW, STOP_CONTEXT) else FinishReason.STOP)
-        active.status = RequestState.FINISHED
-        self.metrics.finished(reason.value, len(r.ids))
-        self._deliver(active, TokenEvent(piece + tail, tok, logprob, top, reason, r, error, **(named or {})))
+    def _finish(self, active: Active, piece: str, tok: int | None, **ending) -> None:
+        self._emission.finish(active, piece, tok, **ending)
 
     def _drop_cancelled(self) -> None:
         with self._cond:
