@@ -18,7 +18,7 @@ from ..generation.evaluate import log_softmax
 from ..generation.generation import STOP_CONTEXT, STOP_EOS, STOP_MAX_NEW, STOP_STRING
 from ..generation.constraints import STOP_GRAMMAR
 from ..generation.sampling import select_token
-from ..modeldir.manifest import Manifest
+from ..model import LoadedModel
 from .in_flight import Active
 from .metrics import EngineMetrics
 from .requests import FinishReason, RequestState, TokenEvent
@@ -27,9 +27,10 @@ log = logging.getLogger(__name__)
 
 
 class Emission:
-    def __init__(self, manifest: Manifest, metrics: EngineMetrics, token_text: Callable[[int], str] | None):
-        """token_text: a token id's own text (the logprobs' token names); None without a tokenizer."""
-        self._manifest, self.metrics, self._token_text = manifest, metrics, token_text
+    def __init__(self, model: LoadedModel, metrics: EngineMetrics, token_text: Callable[[int], str] | None):
+        """model: the LoadedModel (its manifest read at each token, as the engine's); token_text: a token id's own
+        text (the logprobs' token names), None without a tokenizer."""
+        self._model, self.metrics, self._token_text = model, metrics, token_text
 
     def next(self, active: Active, logits: np.ndarray | None, tok: int | None = None) -> None:
         """Select one token from logits (V,) (or take `tok`, picked on the device for a plain greedy row, logits
@@ -43,8 +44,9 @@ class Emission:
             logprob = float(logp[tok])
             best = np.argpartition(-logp, req.logprobs)[: req.logprobs]
             top = {int(i): float(logp[i]) for i in best[np.argsort(-logp[best])]}
-        eos = None if req.ignore_eos else (self._manifest.stop_ids or None)
-        piece = state.take(tok, eos, req.max_new_tokens, self._manifest.shape.context_length)
+        manifest = self._model.manifest
+        eos = None if req.ignore_eos else (manifest.stop_ids or None)
+        piece = state.take(tok, eos, req.max_new_tokens, manifest.shape.context_length)
         if not req.ignore_eos and tok in req.stop_ids and state.result.stop != STOP_EOS:
             state.result.stop = STOP_EOS  # the end of a chat turn: a stop, whatever else take() found
         error = None

@@ -80,7 +80,7 @@ class Engine:
         text_of = None
         if self._tokenizer is not None:  # cached: the same ids recur
             text_of = functools.lru_cache(maxsize=65536)(functools.partial(token_text, self._tokenizer))
-        self._emission = Emission(model.manifest, self.metrics, text_of)  # a row's token -> its request's event
+        self._emission = Emission(model, self.metrics, text_of)  # a row's token -> its request's event
         self._cond = threading.Condition()
         self._waiting: deque[Active] = deque()
         self._running: list[Active] = []
