@@ -18,7 +18,8 @@
 #   bash benchmarks/run_gpu_lease.sh OUT_DIR [BATCHES]
 #   env: TESTS / TESTS_K (which CUDA tests), ENGINES (empty: no benchmark), SIZES (small,xl), TARGETS (gptedge's
 #   dirs: fp16,int8 weight-only), REPEAT, BENCH_TIMEOUT, SERVE_CLIENTS / SERVE_REQUESTS / SERVE_PROCS (the serve
-#   load; its clients over SERVE_PROCS processes), SERVE_ARGS / SERVE_ALSO (serve options for the tree's load / for a
+#   load; its clients over SERVE_PROCS processes; SERVE_TRACE=1: the tree's server traced, engine_trace.py's summary
+#   printed and $OUT/trace.PID.jsonl kept), SERVE_ARGS / SERVE_ALSO (serve options for the tree's load / for a
 #   second load of it), PROFILE (py-spy of the tree's server under 64 clients: $OUT/profile-*.txt), SERVE_BEFORE (a folder holding an older gptedge/ and runtime/:
 #   its server takes the same load first, for a side-by-side)
 set -uo pipefail
@@ -82,7 +83,9 @@ if [ -n "${SERVE_CLIENTS:-}" ]; then  # `gptedge serve --device cuda` under C st
     (cd "$SERVE_BEFORE" && timeout 300 python3 "$OLDPWD"/$LOAD 2>&1 | tail -30 | tee "$OUT/serve-before.txt")
   fi
   say "serve load"
-  timeout 300 python3 $LOAD ${SERVE_ARGS:+--serve-args="$SERVE_ARGS"} 2>&1 | tail -30 | tee "$OUT/serve.txt"
+  SHOWN=30; [ -n "${SERVE_TRACE:-}" ] && SHOWN=60  # the trace's summary too
+  timeout 300 python3 $LOAD ${SERVE_ARGS:+--serve-args="$SERVE_ARGS"} ${SERVE_TRACE:+--trace "$OUT/trace"} 2>&1 \
+    | tail -$SHOWN | tee "$OUT/serve.txt"
   if [ -n "${SERVE_ALSO:-}" ]; then  # the tree's server once more with other serve options (an A/B in one call)
     say "serve load, $SERVE_ALSO"
     timeout 300 python3 $LOAD --serve-args="$SERVE_ALSO" 2>&1 | tail -30 | tee "$OUT/serve-also.txt"
