@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -272,7 +273,8 @@ class Engine:
             waiting = ((len(a.request.prompt_ids), 0 if a.request.prompt_logprobs is not None
                         else self.prefix.reusable(a.request.prompt_ids, a.keys))
                        if self.prefix else len(a.request.prompt_ids) for a in self._waiting)
-            plan = plan_prefill(False, waiting, len(self._running), self.max_batch, self.prefill_chunk)
+            plan = self._one_alone(plan_prefill(False, waiting, len(self._running), self.max_batch,
+                                                self.prefill_chunk))
             group = [self._waiting.popleft() for _ in range(plan.admit)]
             self.metrics.queue_depth = len(self._waiting)
         for active, reused in zip(group, plan.reused or [0] * len(group), strict=True):
@@ -280,6 +282,19 @@ class Engine:
             self.metrics.tokens_in += len(active.request.prompt_ids)
             active.status = RequestState.PREFILLING
         return plan, group
+
+    def _one_alone(self, plan: PrefillPlan) -> PrefillPlan:
+        """The plan cut before its second newcomer that scores its prompt (prompt logprobs), where the pool shares
+        prefill runs (the GPU's, with its larger budget): such a prompt runs alone, a launch-bound run of its own,
+        so a turn takes at most one of them beside one shared run, and running rows wait two runs, not dozens.
+        The caller holds the lock (the queue is read)."""
+        if plan.admit < 2 or not getattr(self.pool, "pads_groups", False):
+            return plan
+        head = itertools.islice(self._waiting, plan.admit)  # the newcomers the plan admits, from the queue's head
+        alone = [i for i, a in enumerate(head) if a.request.prompt_logprobs is not None]
+        if len(alone) < 2:
+            return plan
+        return replace(plan, admit=alone[1], reused=plan.reused[:alone[1]])
 
     def _holding(self) -> bool:
         """Newcomers wait for company (admission.holds_newcomers): they are queued, rows run, the pool's prefill

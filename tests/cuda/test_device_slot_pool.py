@@ -336,6 +336,43 @@ def test_the_engine_pads_a_newcomer_only_where_its_new_tokens_still_fit(model):
     assert len(shared) == 1 and len(shared[0]) == 2  # the long prompt and B shared a run; the short one ran alone
 
 
+def test_a_turn_takes_at_most_one_prompt_scored_alone_beside_a_shared_run(model):
+    """With no budget (as with the GPU's large one) the plan admits every newcomer; the rows that score their prompt
+    run alone (a launch-bound run each), so the engine cuts a turn before its second such row: each prefill call
+    holds at most one of them, the queue's order is kept, and every request gets what it would alone."""
+    from gptedge.runtime.generation.sampling import SamplingParams
+    from gptedge.runtime.serving.engine import CompletionRequest, Engine
+
+    served = load(model.model_dir, device="cpu")
+    calls = []  # per prefill call of the engine: its seqs and which of them keep their prompt's logits
+
+    def pool(capacity, max_length):
+        made = _device_pool(served, capacity, narrow=True)
+        group = made.prefill_group_picked  # what the engine calls over this pool
+
+        def spied(seqs, prompts, needs, **kw):
+            calls.append((list(seqs), list(kw.get("keep_all") or [False] * len(seqs))))
+            return group(seqs, prompts, needs, **kw)
+
+        made.prefill_group_picked = spied
+        return made
+
+    served.variant.sequence_pool = pool
+    greedy = SamplingParams(greedy=True)
+    prompts = [A, B, C_, D, A[::-1], B[::-1]]
+    scored = [True, False, True, True, False, False]
+    requests = [CompletionRequest(tuple(p), 3, sampling=greedy, ignore_eos=True, prompt_logprobs=2 if s else None)
+                for p, s in zip(prompts, scored, strict=True)]
+    alone = _served(Engine(served, max_batch=8, max_queue=8, prefill_chunk=None), [requests[0]])  # a reference
+    engine = Engine(served, max_batch=8, max_queue=8, prefill_chunk=None)  # started after all six are queued
+    got = _served(engine, requests)
+    assert all(sum(keep) <= 1 for _, keep in calls[1:]) and len(calls) > 2
+    assert [seq for seqs, _ in calls[1:] for seq in seqs] == sorted(seq for seqs, _ in calls[1:] for seq in seqs)
+    solo = [served.generate(list(r.prompt_ids), 3, greedy=True, ignore_eos=True) for r in requests]
+    assert [c.last.generation.ids for c in got] == [w.ids for w in solo]
+    assert got[0].events[0].prompt_logprobs == alone[0].events[0].prompt_logprobs
+
+
 def test_a_shared_run_that_fails_frees_its_slots_through_remove(model):
     """The engine answers a failed run by removing its sequences: a shared run's slots must come back then."""
     pool = _device_pool(model, 4, narrow=True)
