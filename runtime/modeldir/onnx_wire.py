@@ -227,24 +227,32 @@ def _skip(buf, pos: int, kind: int) -> int:
     return pos + (8 if kind == _I64 else 4)
 
 
-def with_graph_fields(model: bytes, fields_: bytes) -> bytes:
-    """The serialized ModelProto with serialized GraphProto fields appended to its graph (a node lands after every
-    other node, an output after the others); everything else byte for byte."""
+def _graph(model: bytes) -> tuple[int, int, int, int]:
+    """Where a serialized ModelProto's graph (ModelProto.graph = 7) lies -> (its field's start, end, its body's start,
+    end)."""
     graph = next(((key, end, value) for number, key, end, value in _spans(model, 0, len(model)) if number == 7), None)
     if graph is None:
         raise WireError("no graph")
     key, end, (body_start, body_end) = graph
-    body = model[body_start:body_end] + fields_
+    return key, end, body_start, body_end
+
+
+def _with_graph_body(model: bytes, key: int, end: int, body: bytes) -> bytes:
+    """The model with its graph field (model[key:end]) holding `body` instead; everything else byte for byte."""
     return model[:key] + encode_varint(7 << 3 | _LEN) + encode_varint(len(body)) + body + model[end:]
+
+
+def with_graph_fields(model: bytes, fields_: bytes) -> bytes:
+    """The serialized ModelProto with serialized GraphProto fields appended to its graph (a node lands after every
+    other node, an output after the others); everything else byte for byte."""
+    key, end, body_start, body_end = _graph(model)
+    return _with_graph_body(model, key, end, model[body_start:body_end] + fields_)
 
 
 def without_graph_input(model: bytes, name: str) -> bytes:
     """The serialized ModelProto with `name` taken out of the graph's inputs (GraphProto.input = 11); everything else
     byte for byte. An input that is also an initializer then is a constant (runtime/graphs/cuda_graph.py says why)."""
-    graph = next(((key, end, value) for number, key, end, value in _spans(model, 0, len(model)) if number == 7), None)
-    if graph is None:
-        raise WireError("no graph")
-    key, end, (body_start, body_end) = graph
+    key, end, body_start, body_end = _graph(model)
     kept, dropped = [], 0
     for number, start, stop, value in _spans(model, body_start, body_end):
         if number == 11 and any(n == 1 and _text(model, v) == name for n, _, v in fields(model, *value)):
@@ -253,5 +261,4 @@ def without_graph_input(model: bytes, name: str) -> bytes:
         kept.append(model[start:stop])
     if not dropped:
         raise WireError(f"the graph has no input {name!r}")
-    body = b"".join(kept)
-    return model[:key] + encode_varint(7 << 3 | _LEN) + encode_varint(len(body)) + body + model[end:]
+    return _with_graph_body(model, key, end, b"".join(kept))
