@@ -320,13 +320,13 @@ class Engine:
                                                      req.prompt_logprobs)
             if req.max_new_tokens == 0:  # the prompt scored, nothing to generate
                 self.pool.remove(active.seq)
-                self._finish(active, "", None, reason=FinishReason.LENGTH)
+                self._emission.finish(active, "", None, reason=FinishReason.LENGTH)
                 self.metrics.running = len(self._running)
                 return
         if isinstance(logits, (int, np.integer)):  # picked on the device
-            self._emit_next(active, None, logits)
+            self._emission.next(active, None, logits)
         else:
-            self._emit_next(active, logits)
+            self._emission.next(active, logits)
         if active.state.result.stop:
             self.pool.remove(active.seq)
         else:
@@ -348,7 +348,7 @@ class Engine:
         elif self._ahead is not None:
             self._ahead.stop()  # its steps done come first next turn; then the pool is this thread's again
         for active, (row, tok) in zip(list(self._running), selected, strict=True):
-            self._emit_next(active, row, tok)
+            self._emission.next(active, row, tok)
             if active.state.result.stop:
                 self._running.remove(active)
                 if self.prefix is not None:  # what its row holds: the prompt and every token but the last
@@ -391,14 +391,6 @@ class Engine:
                 masks.result()
         return selected
 
-    def _emit_next(self, active: Active, logits: np.ndarray | None, tok: int | None = None) -> None:
-        """Select one token from logits (V,) (or take `tok`, picked on the device), report it, and mark the request
-        done when it ends (emission.py)."""
-        self._emission.next(active, logits, tok)
-
-    def _finish(self, active: Active, piece: str, tok: int | None, **ending) -> None:
-        self._emission.finish(active, piece, tok, **ending)
-
     def _drop_cancelled(self) -> None:
         with self._cond:
             gone = [a for a in self._waiting if a.cancelled.is_set()]
@@ -413,7 +405,7 @@ class Engine:
             gone.append(a)
         for a in gone:  # a running row's slot: once no step runs ahead over it
             (self.pool if self._ahead is None else self._ahead).remove(a.seq)
-            self._finish(a, "", None, reason=FinishReason.CANCELLED)
+            self._emission.finish(a, "", None, reason=FinishReason.CANCELLED)
         self.metrics.running = len(self._running)
 
     def _in_flight(self) -> list[Active]:
@@ -427,9 +419,9 @@ class Engine:
     def _fail_all(self, message: str) -> None:
         for a in self._in_flight():
             self.pool.remove(a.seq)
-            self._finish(a, "", None, reason=FinishReason.ERROR, error=message)
+            self._emission.finish(a, "", None, reason=FinishReason.ERROR, error=message)
 
     def _cancel_all(self) -> None:
         for a in self._in_flight():
             self.pool.remove(a.seq)
-            self._finish(a, "", None, reason=FinishReason.CANCELLED)
+            self._emission.finish(a, "", None, reason=FinishReason.CANCELLED)

@@ -8,6 +8,7 @@ import pytest
 
 from gptedge.runtime.errors import InvalidArgumentError, PromptTooLongError
 from gptedge.runtime.generation.sampling import SamplingParams
+from gptedge.runtime.serving.emission import Emission
 from gptedge.runtime.serving.engine import CompletionRequest, Engine, FinishReason, QueueFullError
 
 from ..support.engine import Collector, staggered_requests, wait_until
@@ -116,7 +117,7 @@ def test_a_join_that_fails_fails_its_group_and_frees_their_rows(gpt2_kv_buffer_l
     model = gpt2_kv_buffer_loaded
     engine = Engine(model, max_batch=4, prefill_chunk=chunk)
     ids = tuple(model.encode("Hello world, and a prompt long enough to take several chunks"))
-    real, calls = Engine._emit_next, []
+    real, calls = Emission.next, []
 
     def failing_once(self, active, logits, tok=None):
         calls.append(1)
@@ -124,7 +125,7 @@ def test_a_join_that_fails_fails_its_group_and_frees_their_rows(gpt2_kv_buffer_l
             raise RuntimeError("the tokenizer failed")
         return real(self, active, logits, tok)
 
-    monkeypatch.setattr(Engine, "_emit_next", failing_once)
+    monkeypatch.setattr(Emission, "next", failing_once)
     group = [Collector() for _ in range(1 if chunk else 3)]
     for c in group:
         engine.submit(CompletionRequest(ids, 8, SamplingParams(greedy=True), ignore_eos=True), c)
