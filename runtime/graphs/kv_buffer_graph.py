@@ -37,8 +37,15 @@ class KVBufferState:
         kv_shape = (batch, shape.kv_heads, max_length, graph.kv_width)  # kv_width: head_dim, or head_dim / 2 (int4)
         # Left uninitialised: GroupQueryAttention reads positions < total_sequence_length only, and every
         # such position (padding included) was written by an earlier step of this generation.
-        self.buffers = [graph.ort.OrtValue.ortvalue_from_shape_and_type(kv_shape, graph.kv_dtype, graph.kv_device, 0)
-                        for _ in range(2 * shape.n_layer)]
+        if graph.kv_device == "cpu":
+            # One block (2 x n_layer, *kv_shape), so numpy advises huge pages for it (over 4 MB): every step reads
+            # each layer's window (runtime/graphs/huge_pages.py); each buffer is a view ONNX Runtime writes in place.
+            self._block = np.empty((2 * shape.n_layer, *kv_shape), graph.kv_dtype)
+            self.buffers = [graph.ort.OrtValue.ortvalue_from_numpy(b) for b in self._block]
+        else:
+            self.buffers = [graph.ort.OrtValue.ortvalue_from_shape_and_type(kv_shape, graph.kv_dtype,
+                                                                            graph.kv_device, 0)
+                            for _ in range(2 * shape.n_layer)]
         self._session = graph.session
         self._binding = binding = graph.session.io_binding()
         for past, present, buf in zip(graph.names.past_names, graph.names.present_names, self.buffers, strict=True):

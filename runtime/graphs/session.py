@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DeviceError, InvalidArgumentError, MissingRuntimeError, ModelDirError, install_hint
+from .huge_pages import weights_on_huge_pages
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +19,7 @@ CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 # More threads than logical CPUs only slows ONNX Runtime down (1,000 took 10-70 s to load): refused.
 MAX_THREADS = os.cpu_count() or 1
+HUGE_PAGES_ENV = "GPTEDGE_HUGE_PAGES"
 MAX_SPIN_US = 100_000  # a tenth of a second: past it, spinning is just burning the cores
 OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
                        "all": "ORT_ENABLE_ALL"}
@@ -86,6 +88,11 @@ class SessionConfig:
     # On CUDA, replay decode steps as captured CUDA graphs where the dir's graph allows it (a kv_buffer graph
     # with a wide mask: runtime/graphs/cuda_graph.py). A second session holds the weights again on the GPU.
     cuda_graph: bool = True
+    # On the CPU, the session's weights are moved onto 2 MiB pages once it is made (Linux, THP in madvise mode):
+    # a batch-1 decode step streams every weight, and on 4 KiB pages the TLB and the prefetchers cost 10-25 % of
+    # it (runtime/graphs/huge_pages.py). Off: a load ~0.3 s faster per 200 MB of weights. GPTEDGE_HUGE_PAGES=0 in
+    # the environment turns it off for every command.
+    huge_pages: bool = field(default_factory=lambda: os.environ.get(HUGE_PAGES_ENV, "1") != "0")
 
     def __post_init__(self) -> None:
         for name in ("threads", "inter_op_threads"):
@@ -154,9 +161,10 @@ def make_session(model_path: str | bytes, device: str = "auto", config: SessionC
             raise DeviceError("CUDA graphs need the CUDA execution provider")
         provider_options[0]["enable_cuda_graph"] = "1"
     try:
-        session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
-                                       provider_options=provider_options,
-                                       disabled_optimizers=list(DISABLED_OPTIMIZERS))
+        with weights_on_huge_pages(config.huge_pages and providers == [CPU_PROVIDER]):
+            session = ort.InferenceSession(model_path, sess_options=options, providers=providers,
+                                           provider_options=provider_options,
+                                           disabled_optimizers=list(DISABLED_OPTIMIZERS))
     except Exception as e:  # onnxruntime's own exception types, one per status code
         if "GroupQueryAttention" in str(e) and not gqa_takes_query_seqlens():
             raise ModelDirError(f"the graph's GroupQueryAttention reads query_seqlens (its rotary inside the op, "
