@@ -1,0 +1,79 @@
+"""Decode tok/s of model dirs with their weights on huge pages and without (SessionConfig(huge_pages=...)), side by
+side in one process, rounds interleaved, optionally beside llama.cpp's quantizations of the same checkpoint
+(llama-cpp-python; $GPTEDGE_LLAMA_CPP_SOURCE as for `compare --peers llama.cpp`). Batch 1, greedy, seeded random
+prompts, every engine's first token excluded from its rate.
+
+    python benchmarks/huge_pages_ab.py DIR [DIR...] [--checkpoint CKPT --recipes Q8_0,Q4_K_M] [--prompt 32]
+        [--new 128] [--rounds 4] [--threads 2] [--work WORK]
+
+Prints each round and, per engine, the median; each dir's on / off ratio is the median of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from gptedge.runtime import SessionConfig, load
+
+
+def engines(args) -> dict:
+    """name -> a function (prompt ids) -> decode tok/s; the dirs off then on, then the llama.cpp recipes."""
+    out, vocab, context = {}, None, None
+    for d in args.dirs:
+        for on in (False, True):
+            model = load(d, device="cpu", session=SessionConfig(threads=args.threads, huge_pages=on))
+            vocab, context = model.manifest.shape.vocab_size, model.manifest.shape.context_length
+            out[f"{Path(d).name} huge pages {'on' if on else 'off'}"] = (
+                lambda p, m=model: m.generate(p, max_new_tokens=args.new, greedy=True, with_text=False,
+                                              ignore_eos=True).tokens_per_s)
+    if args.checkpoint:
+        from gptedge.measure.peers import llama_cpp
+
+        f32 = llama_cpp.convert_to_gguf(args.checkpoint, args.work)
+        for recipe in args.recipes.split(","):
+            peer = llama_cpp.LlamaCppScorer(llama_cpp.quantize_gguf(f32, recipe, args.threads), recipe,
+                                            args.threads, vocab, context)  # as compare
+            out[f"llama.cpp {recipe}"] = lambda p, s=peer: s.greedy(p, args.new, None).tokens_per_s
+    return out, vocab
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--checkpoint", type=Path, help="the HF checkpoint the dirs came from, for llama.cpp rows")
+    ap.add_argument("--recipes", default="Q8_0,Q4_K_M")
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", type=Path, help="where llama.cpp's GGUFs are written (default: a temporary folder)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        args.work = args.work or Path(tmp)
+        args.work.mkdir(parents=True, exist_ok=True)
+        runs, vocab = engines(args)
+        rng = np.random.default_rng(0)
+        prompts = [rng.integers(100, vocab - 100, args.prompt).tolist() for _ in range(2)]
+        for run in runs.values():  # warm: the first run of each engine allocates its buffers
+            run(prompts[0][:8])
+        rates: dict[str, list[float]] = {name: [] for name in runs}
+        for r in range(args.rounds):
+            for name, run in runs.items():
+                rates[name].append(float(np.mean([run(p) for p in prompts])))
+            print(f"round {r + 1}: " + "; ".join(f"{n} {v[-1]:.1f}" for n, v in rates.items()), flush=True)
+    print(f"\n{args.prompt} + {args.new}, batch 1, {args.threads} threads, {args.rounds} rounds (decode tok/s)")
+    print("| engine | median | rounds | on / off (median of rounds) |\n|---|---:|---|---:|")
+    for name, row in rates.items():
+        ratio = ""
+        if name.endswith(" on"):
+            off = rates[name[:-2] + "off"]
+            ratio = f"{np.median([a / b for a, b in zip(row, off, strict=True)]):.2f}x"
+        print(f"| {name} | {np.median(row):.1f} | {' / '.join(f'{x:.1f}' for x in row)} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
