@@ -4,7 +4,7 @@ side in one process, rounds interleaved, optionally beside llama.cpp's quantizat
 prompts, every engine's first token excluded from its rate.
 
     python benchmarks/huge_pages_ab.py DIR [DIR...] [--checkpoint CKPT --recipes Q8_0,Q4_K_M] [--prompt 32]
-        [--new 128] [--rounds 4] [--threads 2] [--work WORK]
+        [--new 128] [--rounds 4] [--threads 2] [--huge-pages both|on|off] [--work WORK]
 
 Prints each round and, per engine, the median; each dir's on / off ratio is the median of the per-round ratios.
 """
@@ -24,7 +24,7 @@ def engines(args) -> dict:
     """name -> a function (prompt ids) -> decode tok/s; the dirs off then on, then the llama.cpp recipes."""
     out, vocab, context = {}, None, None
     for d in args.dirs:
-        for on in (False, True):
+        for on in {"both": (False, True), "on": (True,), "off": (False,)}[args.huge_pages]:
             model = load(d, device="cpu", session=SessionConfig(threads=args.threads, huge_pages=on))
             vocab, context = model.manifest.shape.vocab_size, model.manifest.shape.context_length
             out[f"{Path(d).name} huge pages {'on' if on else 'off'}"] = (
@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--huge-pages", choices=("both", "on", "off"), default="both",
+                    help="both: each dir twice, off then on; on / off: once (llama.cpp side by side with one mode)")
     ap.add_argument("--work", type=Path, help="where llama.cpp's GGUFs are written (default: a temporary folder)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,7 +71,7 @@ def main() -> None:
     print("| engine | median | rounds | on / off (median of rounds) |\n|---|---:|---|---:|")
     for name, row in rates.items():
         ratio = ""
-        if name.endswith(" on"):
+        if name.endswith(" on") and name[:-2] + "off" in rates:
             off = rates[name[:-2] + "off"]
             ratio = f"{np.median([a / b for a, b in zip(row, off, strict=True)]):.2f}x"
         print(f"| {name} | {np.median(row):.1f} | {' / '.join(f'{x:.1f}' for x in row)} | {ratio} |")
