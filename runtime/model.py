@@ -236,6 +236,7 @@ def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | N
                             "language model: use gptedge classify / gptedge.runtime.load_classifier")
     ort_session, graph, tokenizer = open_checked_session(model_dir, manifest, imported, device, session)
     variant = variant_for(ort_session, import_onnxruntime(), manifest, device)
+    variant.huge_pages = (session or SessionConfig()).huge_pages
     check_graph(variant, manifest, graph)
     _enable_cuda_graphs(variant, manifest, graph, device, session or SessionConfig())
     loaded = LoadedModel(model_dir, manifest, ort_session, variant, device, time.perf_counter() - started)

@@ -59,6 +59,7 @@ class GraphVariant:
 
     def __init__(self, session: Any, ort: Any, manifest: Manifest, device: str):
         self.session, self.ort, self.manifest = session, ort, manifest
+        self.huge_pages = True  # a generation's KV cache may sit on huge pages (load sets SessionConfig's choice)
         self.shape: ModelShape = manifest.shape
         self.names = C.IONames(manifest.shape.n_layer)
         self.output_names = list(manifest.outputs)

@@ -7,11 +7,15 @@ gets them only when asked, and ONNX Runtime never asks: its prepacked weights si
 that model took 8.2-9.8 ms per process on 4 KiB pages and 6.5-7.0 ms on huge pages, side by side on a Zen 4
 (benchmarks/results/huge-pages-2026-11-27.md).
 
-So after a CPU session is made, the anonymous memory it mapped is collapsed into huge pages (madvise MADV_COLLAPSE,
-Linux 6.1+; a copy, ~1-2 ms per 2 MiB). The KV cache of a generation is one numpy array, which numpy itself
-advises for huge pages above 4 MB (kv_buffer_graph.KVBufferState). Where the kernel lacks MADV_COLLAPSE, or THP is
-off ("never"), or "always" already gives every large mapping huge pages, nothing is done. Memory the process mapped
-before (a peer's weights, another session's) is left alone.
+So after a CPU session is made, the memory it mapped (anonymous regions that were not there before) is collapsed
+into huge pages (madvise MADV_COLLAPSE, Linux 6.1+; a copy, ~0.1-3 ms per 2 MiB as the kernel finds free blocks):
+only 2 MiB pages whose every 4 KiB page is resident, so the process never grows (a new thread's stack or an arena's
+unused tail stays as it is). A generation's KV cache is one numpy array, which numpy itself advises for huge pages
+above 4 MB (kv_buffer_graph.KVBufferState; its pages are faulted in huge as steps write them, all of a
+(layer, row, head) stripe at once). SessionConfig(huge_pages=False) keeps both on small pages. Where THP is off
+("never"), "always" already gives large mappings huge pages, or the kernel has no MADV_COLLAPSE, nothing is done.
+Memory the process mapped before (a peer's weights, another session's) is left alone. HUGE_PAGE is the PMD size of
+x86-64 and of arm64 with 4 KiB pages.
 """
 
 from __future__ import annotations
@@ -19,16 +23,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import mmap
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
-MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MAPS = Path("/proc/self/maps")
@@ -51,11 +57,36 @@ def advising() -> bool:
 
 
 @functools.cache
-def _madvise():
+def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.madvise.restype = ctypes.c_int
-    return libc.madvise
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    libc.mincore.restype = ctypes.c_int
+    return libc
+
+
+@functools.cache
+def collapse_supported() -> bool:
+    """Whether this kernel collapses memory on request (MADV_COLLAPSE, Linux 6.1+): tried once on a scratch
+    mapping whose every byte is written, so a refusal means the kernel, not the memory."""
+    if not advising():
+        return False
+    scratch = mmap.mmap(-1, 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        scratch.write(b"\x01" * len(scratch))
+        view = ctypes.c_char.from_buffer(scratch)
+        base = ctypes.addressof(view)
+        del view
+        first, last = _whole_pages(base, base + len(scratch))
+        return last > first and _libc().madvise(first, HUGE_PAGE, MADV_COLLAPSE) == 0
+    except (OSError, ValueError):
+        return False
+    finally:
+        try:
+            scratch.close()
+        except BufferError:  # the from_buffer view still exported; the mapping goes with the object
+            pass
 
 
 def anonymous_regions() -> dict[int, int]:
@@ -99,19 +130,38 @@ def new_parts(before: dict[int, int], after: dict[int, int]) -> list[tuple[int, 
     return parts
 
 
+def resident_huge_pages(start: int, end: int) -> list[tuple[int, int]]:
+    """The 2 MiB pages inside [start, end) whose every 4 KiB page is resident (mincore), merged into runs: only
+    memory that is all there already is collapsed, so a collapse never makes the process bigger (a thread's stack,
+    an arena's unused tail: a huge page over a few touched KB would make all 2 MiB resident)."""
+    first, last = _whole_pages(start, end)
+    if last - first < HUGE_PAGE:
+        return []
+    small = mmap.PAGESIZE
+    flags = (ctypes.c_ubyte * ((last - first) // small))()
+    if _libc().mincore(first, last - first, flags) != 0:
+        return []
+    whole = (np.frombuffer(flags, np.uint8).reshape(-1, HUGE_PAGE // small) & 1).all(axis=1)  # (2 MiB pages,)
+    runs: list[tuple[int, int]] = []
+    for i in np.flatnonzero(whole).tolist():
+        at = first + i * HUGE_PAGE
+        if runs and runs[-1][1] == at:
+            runs[-1] = (runs[-1][0], at + HUGE_PAGE)
+        else:
+            runs.append((at, at + HUGE_PAGE))
+    return runs
+
+
 def collapse(regions: list[tuple[int, int]]) -> int:
-    """Advise and collapse each region's aligned part into huge pages -> bytes collapsed. A kernel that refuses
-    (no MADV_COLLAPSE before 6.1, no memory to spare) leaves the pages as they are."""
-    madvise, done = _madvise(), 0
+    """Collapse the wholly resident 2 MiB pages of each region into huge pages -> bytes collapsed. A range the
+    kernel refuses (memory pinned, no free huge page) keeps its small pages; the rest go on."""
+    if not collapse_supported():
+        return 0
+    done = 0
     for start, end in regions:
-        first, last = _whole_pages(start, end)
-        if last - first < HUGE_PAGE:
-            continue
-        madvise(first, last - first, MADV_HUGEPAGE)
-        if madvise(first, last - first, MADV_COLLAPSE) == 0:
-            done += last - first
-        elif ctypes.get_errno() == 22:  # EINVAL: this kernel has no MADV_COLLAPSE; the rest would fail alike
-            break
+        for first, last in resident_huge_pages(start, end):
+            if _libc().madvise(first, last - first, MADV_COLLAPSE) == 0:
+                done += last - first
     return done
 
 
@@ -127,3 +177,18 @@ def weights_on_huge_pages(enabled: bool = True) -> Iterator[None]:
     started = time.perf_counter()
     done = collapse(new_parts(before, anonymous_regions()))
     log.info("weights on huge pages: %.0f MiB collapsed in %.2f s", done / 2**20, time.perf_counter() - started)
+
+
+@contextmanager
+def numpy_small_pages() -> Iterator[None]:
+    """numpy advises Linux for huge pages on arrays over 4 MB (madvise); inside, it does not. For arrays whose pages
+    are touched sparsely (a cache row's window), where a huge page would make all 2 MiB resident."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _set_madvise_hugepage
+    previous = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(previous)

@@ -1,9 +1,9 @@
 """The kv_buffer graph: past and present are one preallocated buffer per layer, updated in place.
 
-Each layer's key and value buffer (B, nh, max_len, hs) is allocated once per generation by ONNX
-Runtime on the provider's device and bound as both past and present, so GroupQueryAttention
-writes each step's positions in place. Per step only input_ids, attention_mask and position_ids
-are bound again.
+Each layer's key and value buffer (B, nh, max_len, hs) is allocated once per generation (on the CPU all of them
+views of one numpy block, on huge pages where SessionConfig.huge_pages; on a GPU by ONNX Runtime on the device) and
+bound as both past and present, so GroupQueryAttention writes each step's positions in place. Per step only
+input_ids, attention_mask and position_ids are bound again.
 
 Logits (B, 1, V) land in one preallocated array: on the CPU a host array; on the GPU a device
 buffer, from which greedy decoding (run_argmax) picks the tokens there, with a one-node ArgMax
@@ -12,6 +12,7 @@ session bound to it, so only the (B,) ids cross to the host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -22,11 +23,24 @@ from .argmax_graph import argmax_model
 from .cuda_graph import CudaGraphs, GraphDecoder
 from .device_slot_pool import DeviceSlotPool
 from .graph_variant import GraphVariant, reorder_rows
+from .huge_pages import numpy_small_pages
 from .kv_buffer_pool import SlotPool
 from ..modeldir.manifest import ModelShape
 from .session import CPU_PROVIDER, CUDA_PROVIDER
 
 log = logging.getLogger(__name__)
+
+
+CACHE_LINE = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.empty starting on a cache line, as ONNX Runtime's own allocator would (numpy's large arrays start 16 bytes
+    into a page)."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(int(np.prod(shape)) * dtype.itemsize + CACHE_LINE, np.uint8)
+    offset = -raw.ctypes.data % CACHE_LINE
+    return raw[offset:offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 class KVBufferState:
@@ -40,7 +54,8 @@ class KVBufferState:
         if graph.kv_device == "cpu":
             # One block (2 x n_layer, *kv_shape), so numpy advises huge pages for it (over 4 MB): every step reads
             # each layer's window (runtime/graphs/huge_pages.py); each buffer is a view ONNX Runtime writes in place.
-            self._block = np.empty((2 * shape.n_layer, *kv_shape), graph.kv_dtype)
+            with contextlib.nullcontext() if graph.huge_pages else numpy_small_pages():
+                self._block = aligned_empty((2 * shape.n_layer, *kv_shape), graph.kv_dtype)
             self.buffers = [graph.ort.OrtValue.ortvalue_from_numpy(b) for b in self._block]
         else:
             self.buffers = [graph.ort.OrtValue.ortvalue_from_shape_and_type(kv_shape, graph.kv_dtype,

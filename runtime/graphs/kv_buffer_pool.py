@@ -8,7 +8,7 @@ prefilled at once in k scratch rows, left-padded to the longest (an empty past, 
 GroupQueryAttention takes any batch; the padding is masked, and the LM head reads the last position,
 every row's last prompt token); a prompt too long for one run is prefilled alone in chunks in the
 first scratch row (GroupQueryAttention takes a multi-position run over a non-empty past for batch 1
-only). Scratch rows cost memory only where a prompt touched them (see _without_huge_pages).
+only). Scratch rows cost memory only where a prompt touched them (numpy_small_pages).
 
 All rows share one timeline of T positions: row r's cache is the window [T - len_r, T), and the
 attention mask hides everything before it. A newcomer's prefilled window is copied from the
@@ -24,30 +24,14 @@ still runs together); read_kv copies a joined row's positions back out for the c
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import numpy as np
 
 from .. import contract as C
 from .graph_variant import GraphVariant
+from .huge_pages import numpy_small_pages
 from .sequence_pool import Prefill, drain, prefill_runs
-
-
-@contextlib.contextmanager
-def _without_huge_pages():
-    """numpy asks Linux for 2 MB pages on arrays over 4 MB (madvise). A row's window touches a few KB in
-    each head's (max_len, hs) block, and a huge page makes all 2 MB of it resident: serving GPT-2 small
-    INT8 to 16 clients peaked at 1,482 MiB RSS, every row of the cache resident."""
-    try:
-        from numpy._core.multiarray import _set_madvise_hugepage
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _set_madvise_hugepage
-    previous = _set_madvise_hugepage(False)
-    try:
-        yield
-    finally:
-        _set_madvise_hugepage(previous)
 
 
 # Positions at the start of the shared timeline that no row needs any more before the rows move left.
@@ -66,8 +50,10 @@ class SlotPool:
         self.variant, self.capacity, self.max_length = variant, capacity, max_length
         self._session, self._names = variant.session, variant.names
         # Zeroed, so a masked position never holds NaN bits (0 x NaN would leak through attention);
-        # untouched pages cost no memory, provided they are small ones (see _without_huge_pages).
-        with _without_huge_pages():
+        # untouched pages cost no memory, provided they are small ones: numpy would ask for 2 MB pages on arrays over
+        # 4 MB, and a row's window touches a few KB in each head's (max_len, hs) block (serving GPT-2 small INT8 to
+        # 16 clients peaked at 1,482 MiB RSS with every row of the cache resident).
+        with numpy_small_pages():
             # (2 x capacity, nh, max_len, width) in the cache's type (runtime/modeldir/kv_cache.py): int8 is a
             # quarter of fp32
             self.kv = [np.zeros((2 * capacity, shape.kv_heads, max_length, variant.kv_width), variant.kv_dtype)

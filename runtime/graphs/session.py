@@ -88,10 +88,11 @@ class SessionConfig:
     # On CUDA, replay decode steps as captured CUDA graphs where the dir's graph allows it (a kv_buffer graph
     # with a wide mask: runtime/graphs/cuda_graph.py). A second session holds the weights again on the GPU.
     cuda_graph: bool = True
-    # On the CPU, the session's weights are moved onto 2 MiB pages once it is made (Linux, THP in madvise mode):
-    # a batch-1 decode step streams every weight, and on 4 KiB pages the TLB and the prefetchers cost 10-25 % of
-    # it (runtime/graphs/huge_pages.py). Off: a load ~0.3 s faster per 200 MB of weights. GPTEDGE_HUGE_PAGES=0 in
-    # the environment turns it off for every command.
+    # On the CPU, the session's weights are moved onto 2 MiB pages once it is made (Linux, THP in madvise mode), and
+    # a generation's KV cache is allocated where numpy advises them: a batch-1 decode step streams every weight, and
+    # on 4 KiB pages the TLB and the prefetchers cost 10-25 % of it (runtime/graphs/huge_pages.py). Off: both on
+    # small pages, a load ~0.2 s faster per 150 MB of weights. GPTEDGE_HUGE_PAGES=0 in the environment turns it off
+    # for every command.
     huge_pages: bool = field(default_factory=lambda: os.environ.get(HUGE_PAGES_ENV, "1") != "0")
 
     def __post_init__(self) -> None:
@@ -127,11 +128,12 @@ def _preload_cuda(ort: Any) -> None:
     _cuda_preloaded = True
 
 
-def make_session(model_path: str | bytes, device: str = "auto", config: SessionConfig = SessionConfig(),
+def make_session(model_path: str | bytes, device: str = "auto", config: SessionConfig | None = None,
                  capture: bool = False, external_data_dir: str | None = None) -> Any:
     """An InferenceSession on `device`, made as `config` says, from a file or a serialized model (whose external
     data, if any, lies in external_data_dir); capture: CUDA graphs on (ONNX Runtime's enable_cuda_graph), for the
     decode session of runtime/graphs/cuda_graph.py."""
+    config = config or SessionConfig()  # made per call: GPTEDGE_HUGE_PAGES is read when the session is made
     ort = import_onnxruntime()
     providers = providers_for(device)
     options = ort.SessionOptions()

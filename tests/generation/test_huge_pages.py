@@ -5,7 +5,6 @@ turn it off, and a generation's KV cache is one block numpy advises for huge pag
 from __future__ import annotations
 
 import ctypes
-import logging
 import mmap
 
 import numpy as np
@@ -31,15 +30,31 @@ def _huge_kib(address: int, size: int) -> int:
     return total
 
 
+def _private_mapping(size: int, touched: bool = True) -> tuple[mmap.mmap, int]:
+    """A private anonymous mapping of `size` bytes (every byte written where `touched`) -> (the mmap, where its
+    usable part starts). Its first and last 4 KiB page are made read-only, so the kernel never merges it with a
+    neighbouring mapping and smaps reports it alone."""
+    page = mmap.PAGESIZE
+    memory = mmap.mmap(-1, size + 2 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = ctypes.c_char.from_buffer(memory)
+    base = ctypes.addressof(view)
+    del view
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for guard in (base, base + page + size):
+        assert libc.mprotect(guard, page, mmap.PROT_READ) == 0
+    if touched:
+        memory[page:page + size] = b"\x01" * size
+    return memory, base + page
+
+
 def _touched_private_mapping(size: int) -> tuple[mmap.mmap, int]:
-    """A private anonymous mapping, every byte written (so on 4 KiB pages until something collapses it)."""
-    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    memory.write(b"\x01" * size)
-    return memory, ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    return _private_mapping(size)
 
 
-needs_collapse = pytest.mark.skipif(not huge_pages.advising(),
-                                    reason="this kernel gives huge pages without asking, or never (THP not madvise)")
+needs_collapse = pytest.mark.skipif(not huge_pages.collapse_supported(),
+                                    reason="this kernel gives huge pages without asking, or never (THP not madvise), "
+                                           "or has no MADV_COLLAPSE (before Linux 6.1)")
 
 
 def test_the_new_parts_of_regions_are_what_no_old_region_covered():
@@ -47,6 +62,7 @@ def test_the_new_parts_of_regions_are_what_no_old_region_covered():
     after = {50: 250, 300: 450, 500: 600, 700: 800}
     assert huge_pages.new_parts(before, after) == [(50, 100), (200, 250), (400, 450), (500, 600), (700, 800)]
     assert huge_pages.new_parts(after, after) == []
+    assert huge_pages.new_parts({100: 200, 300: 400}, {0: 500}) == [(0, 100), (200, 300), (400, 500)]  # two merged
 
 
 @pytest.mark.parametrize(("text", "mode"), [("always [madvise] never\n", "madvise"),
@@ -79,7 +95,8 @@ def test_memory_mapped_while_a_session_is_made_lands_on_huge_pages_and_older_mem
         newer, newer_at = _touched_private_mapping(8 * MIB)
     assert _huge_kib(newer_at, 8 * MIB) >= 4096  # at least two of the (at most) four whole 2 MiB pages inside
     assert _huge_kib(older_at, 8 * MIB) == 0
-    assert newer[:4] == b"\x01" * 4 and newer[-1:] == b"\x01"  # collapsing copies, it never loses a byte
+    page = mmap.PAGESIZE
+    assert newer[page:page + 4] == b"\x01" * 4 and newer[-page - 1:-page] == b"\x01"  # a copy: nothing lost
     older.close()
     newer.close()
 
@@ -101,11 +118,26 @@ def test_the_environment_turns_it_off_for_every_command(monkeypatch):
 
 
 @needs_collapse
+def test_only_wholly_resident_huge_pages_are_collapsed_so_the_process_never_grows():
+    memory, at = _private_mapping(8 * MIB, touched=False)
+    start = at - mmap.PAGESIZE  # where the mmap's own bytes begin (its first page is the guard)
+    first = -(-at // (2 * MIB)) * 2 * MIB  # the first whole 2 MiB page inside
+    memory[first - start:first - start + 2 * MIB] = b"\x01" * (2 * MIB)  # that one written in full
+    memory[first - start + 2 * MIB] = 1  # the next: one 4 KiB page of 512
+    assert huge_pages.resident_huge_pages(at, at + 8 * MIB) == [(first, first + 2 * MIB)]
+    assert huge_pages.collapse([(at, at + 8 * MIB)]) == 2 * MIB
+    assert _huge_kib(at, 8 * MIB) == 2048
+    memory.close()
+
+
 @pytest.mark.parametrize("on", [True, False])
-def test_a_cpu_load_collapses_its_session_memory_only_when_asked(gpt2_kv_buffer_loaded, caplog, on):
-    with caplog.at_level(logging.INFO, logger="gptedge.runtime.graphs.huge_pages"):
-        load(gpt2_kv_buffer_loaded.model_dir, device="cpu", session=SessionConfig(threads=1, huge_pages=on))
-    assert any("weights on huge pages" in r.getMessage() for r in caplog.records) is on
+def test_a_cpu_load_collapses_its_sessions_new_memory_only_when_asked(gpt2_kv_buffer_loaded, monkeypatch, on):
+    seen = []
+    monkeypatch.setattr(huge_pages, "advising", lambda: True)
+    monkeypatch.setattr(huge_pages, "collapse", lambda regions: seen.append(regions) or 0)
+    model = load(gpt2_kv_buffer_loaded.model_dir, device="cpu", session=SessionConfig(threads=1, huge_pages=on))
+    assert len(seen) == (1 if on else 0)
+    assert model.variant.huge_pages is on  # the generation's KV block follows the same choice
 
 
 def test_a_generations_kv_cache_is_one_block_written_in_place(gpt2_kv_buffer_loaded):
@@ -114,6 +146,9 @@ def test_a_generations_kv_cache_is_one_block_written_in_place(gpt2_kv_buffer_loa
     block = state._block  # (2 x n_layer, B, kv_heads, max_len, width)
     assert block.shape[:2] == (2 * model.manifest.shape.n_layer, 2)
     assert [b.data_ptr() for b in state.buffers] == [block[i].ctypes.data for i in range(len(block))]
+    assert block.ctypes.data % 64 == 0
+    block[...] = np.nan
     prompt = np.array([[5, 6, 7], [8, 9, 10]], np.int64)
     state.run_argmax(prompt, np.ones((2, 3), np.int64), np.tile(np.arange(3), (2, 1)))
-    assert np.abs(block[:, :, :, :3]).sum() > 0  # the run wrote its keys and values into the block itself
+    assert np.isfinite(block[:, :, :, :3]).all()  # the run wrote its keys and values into the block itself
+    assert np.isnan(block[:, :, :, 3:]).all()
