@@ -30,8 +30,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
 log = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
@@ -134,6 +132,8 @@ def resident_huge_pages(start: int, end: int) -> list[tuple[int, int]]:
     """The 2 MiB pages inside [start, end) whose every 4 KiB page is resident (mincore), merged into runs: only
     memory that is all there already is collapsed, so a collapse never makes the process bigger (a thread's stack,
     an arena's unused tail: a huge page over a few touched KB would make all 2 MiB resident)."""
+    import numpy as np  # here: importing gptedge.runtime (and `gptedge --help`) stays free of numpy
+
     first, last = _whole_pages(start, end)
     if last - first < HUGE_PAGE:
         return []
