@@ -43,6 +43,19 @@ def test_ray_replicas_answer_as_generate(cluster, url, llama_dir, tmp_path):
     try:
         wait_for(lambda: app_running(APP, url, 2), 240, "2 replicas running")
 
+        async def both_answer() -> set:
+            # Serve's router may learn of the second replica a moment after Serve reports it RUNNING (seen once
+            # in CI under load: all 8 requests on one replica): warm until each has answered, within a bound
+            seen: set = set()
+            async with client(url) as http:
+                for _ in range(20):
+                    seen |= {a.replica for a in await asyncio.gather(*(complete(http, b) for b in bodies()))}
+                    if len(seen) == 2:
+                        break
+            return seen
+
+        assert len(asyncio.run(asyncio.wait_for(both_answer(), 240))) == 2
+
         async def run():
             async with client(url) as http:
                 return await asyncio.gather(*(complete(http, b) for b in bodies() * 2))
