@@ -75,8 +75,8 @@ CANDIDATES: tuple[tuple[str, dict], ...] = (
     ("--bits 8 --gptq --scale-search mse --rotate-down --block-size 64", _8R),
     ("--bits 8 --scale-search mse --awq", _8),
     # blocks of 32 rotated: where the int8 cache's error is added (--kv-cache int8, what long contexts want), the
-    # one 8-bit layout left under Q8_0's KL on both trained gated-MLP checkpoints (0.76x / 0.81x,
-    # benchmarks/results/llama-8bit-point-2026-11-27.md)
+    # one 8-bit layout left under Q8_0's KL on both trained gated-MLP checkpoints (0.76x / 0.81x;
+    # docs/quantization.md#rotated-down-projections)
     ("--bits 8 --gptq --scale-search mse --rotate-down", dict(_8R, block_size=32)),
     ("--bits 8 --scale-search mse --awq --block-size 16", dict(_8, block_size=16)),
 )

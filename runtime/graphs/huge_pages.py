@@ -70,21 +70,14 @@ def collapse_supported() -> bool:
     mapping whose every byte is written, so a refusal means the kernel, not the memory."""
     if not advising():
         return False
-    scratch = mmap.mmap(-1, 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        scratch.write(b"\x01" * len(scratch))
-        view = ctypes.c_char.from_buffer(scratch)
-        base = ctypes.addressof(view)
-        del view
-        first, last = _whole_pages(base, base + len(scratch))
-        return last > first and _libc().madvise(first, HUGE_PAGE, MADV_COLLAPSE) == 0
-    except (OSError, ValueError):
-        return False
-    finally:
-        try:
-            scratch.close()
-        except BufferError:  # the from_buffer view still exported; the mapping goes with the object
-            pass
+    scratch = mmap.mmap(-1, 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # holds a whole 2 MiB page
+    scratch.write(b"\x01" * len(scratch))
+    view = ctypes.c_char.from_buffer(scratch)
+    first, _ = _whole_pages(ctypes.addressof(view), ctypes.addressof(view) + len(scratch))
+    del view  # released before close(), which refuses a mapping still exported
+    supported = _libc().madvise(first, HUGE_PAGE, MADV_COLLAPSE) == 0
+    scratch.close()
+    return supported
 
 
 def anonymous_regions() -> dict[int, int]:
