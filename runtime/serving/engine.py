@@ -36,9 +36,9 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..generation.arguments import check_int
 from ..generation.constraints import MaskWorker
-from ..generation.generation import Generation, SequenceState, check_prompts
+from ..generation.generation import SequenceState
 from ..generation.generation_options import PREFILL_CHUNK, PREFIX_CACHE_MB
-from ..generation.text_stream import TextStream, token_text
+from ..generation.text_stream import token_text
 from ..graphs.sequence_pool import pool_for
 from ..model import LoadedModel
 from .admission import PrefillPlan, holds_newcomers, plan_prefill
@@ -47,6 +47,7 @@ from .metrics import EngineMetrics
 from .prefix_cache import PrefixReuse
 from .prompt_logprobs import prompt_logprobs
 from .in_flight import Active, RequestHandle, needs_logits
+from .request_checks import checked_state
 from .requests import CompletionRequest, EngineStoppedError, FinishReason, QueueFullError, RequestState, TokenEvent
 from .step_ahead import StepAhead
 
@@ -124,7 +125,8 @@ class Engine:
         shutting down) those already queued are cancelled before the error is raised."""
         if len(requests) != len(on_events):
             raise TypeError(f"submit_all() takes one on_event per request, got {len(on_events)} for {len(requests)}")
-        states = [self._checked(r, e) for r, e in zip(requests, on_events, strict=True)]
+        states = [checked_state(self.model, self.pool, self._tokenizer, r, e)
+                  for r, e in zip(requests, on_events, strict=True)]
         handles: list[RequestHandle] = []
         try:
             for request, on_event, state in zip(requests, on_events, states, strict=True):
@@ -134,27 +136,6 @@ class Engine:
                 h.cancel()
             raise
         return handles
-
-    def _checked(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None]) -> SequenceState:
-        """A request's checks -> its fresh SequenceState; raises on the first problem."""
-        if not isinstance(request, CompletionRequest):
-            raise TypeError(f"submit() takes a CompletionRequest, got {type(request).__name__}")
-        if not callable(on_event):
-            raise TypeError(f"on_event must be callable, got {type(on_event).__name__}")
-        m = self.model.manifest
-        if request.prompt_logprobs is not None:
-            if not getattr(self.pool, "keeps_prompt_logits", False):
-                raise InvalidArgumentError("this model's graph and device do not compute prompt logprobs")
-            check_int(request.max_new_tokens, "max_new_tokens", 0)  # 0: score the prompt only
-        check_prompts([request.prompt_ids], max(request.max_new_tokens, 1) if request.prompt_logprobs is not None
-                      else request.max_new_tokens, m.shape.context_length, m.shape.vocab_size)
-        if request.constraint is not None and request.constraint.vocab_size != m.shape.vocab_size:
-            raise InvalidArgumentError(f"the constraint was compiled for {request.constraint.vocab_size} tokens, "
-                                       f"this model has {m.shape.vocab_size}")
-        stream = TextStream(self._tokenizer, request.stop) if self._tokenizer is not None else None
-        # a greedy row draws nothing (select_token): no generator, whose seeding from the OS cost ~50 us a request
-        rng = None if request.sampling.is_greedy else np.random.default_rng(request.sampling.seed)
-        return SequenceState(Generation(prompt_ids=list(request.prompt_ids)), stream, rng, list(request.prompt_ids))
 
     def _queue(self, request: CompletionRequest, on_event: Callable[[TokenEvent], None],
                state: SequenceState) -> RequestHandle:

@@ -11,8 +11,15 @@ import pytest
 
 from gptedge.runtime import SessionConfig, load
 from gptedge.runtime.errors import InvalidArgumentError
+from gptedge.runtime.generation.constraints import ConstraintCompiler, ConstraintSpec
 from gptedge.runtime.generation.sampling import SamplingParams
 from gptedge.runtime.serving.engine import CompletionRequest, Engine
+
+def _constraint_for(model, vocab_size: int):
+    """A compiled regex constraint for a vocabulary of vocab_size ids (another model's, when it is not m's)."""
+    return ConstraintCompiler(model.tokenizer, vocab_size, model.manifest.stop_ids).compile(
+        ConstraintSpec("regex", "a+"))
+
 
 # (what, call on the loaded model m, error type, words the one line must hold)
 CASES = [
@@ -40,6 +47,9 @@ CASES = [
      "submit() takes a CompletionRequest, got str"),
     ("engine.submit(r, None)", lambda m: Engine(m).submit(CompletionRequest((1,), 2), None), TypeError,
      "on_event must be callable"),
+    ("engine.submit(constraint for another vocabulary)", lambda m: Engine(m).submit(CompletionRequest(
+        (1,), 2, constraint=_constraint_for(m, m.manifest.shape.vocab_size + 64)), print), InvalidArgumentError,
+     "the constraint was compiled for 50321 tokens, this model has 50257"),
     ("CompletionRequest('ab')", lambda m: CompletionRequest("ab", 2), TypeError, "prompt_ids must be a sequence"),
     ("CompletionRequest(sampling=dict)", lambda m: CompletionRequest((1,), 2, {"top_k": 1}), TypeError,
      "sampling must be a SamplingParams"),
