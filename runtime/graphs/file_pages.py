@@ -1,0 +1,105 @@
+"""Give back the model data file's pages that ONNX Runtime leaves mapped after a session is made (Linux).
+
+ONNX Runtime maps each external initializer of `model.onnx.data` (a private, writable file mapping per tensor),
+prepacks what its kernels prepack into memory of its own, and unmaps those originals; the ones a kernel reads in
+place stay mapped, with every page that the load touched still resident and counted in the process's RSS. For GPT-2
+small at 8 bits that is ~52 MiB of 136: mostly the tied 8-bit embedding, which MatMulNBits has packed again for the
+LM head and which the embedding's Gather reads one row (768 bytes) per token
+(benchmarks/results/genai-and-one-client-2026-11-27.md).
+
+So after a session is made, the mappings of files in the model's own directory that hold no private copy of a page
+(smaps' Anonymous 0: a write to a private mapping copies the page into anonymous memory, and only those copies hold
+bytes the file does not; the file's own pages, dirty in the page cache after a fresh export or not, are the file's)
+are dropped from the process with madvise(MADV_DONTNEED). Nothing is lost: a page read later faults back in from
+the page cache (or the file), as llama.cpp's mmapped GGUF does, with its neighbours (the kernel's fault-around, 64
+KB): under a long run of varied tokens most of an embedding table comes back, never more than was there before. A
+mapping with a private copy is left alone, as is every mapping outside the model's directory (libraries, a peer's
+files). Elsewhere than Linux nothing is done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SMAPS = Path("/proc/self/smaps")
+MADV_DONTNEED = 4
+_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$")
+
+
+@dataclass
+class FileMapping:
+    start: int
+    end: int
+    perms: str
+    path: str
+    fields: dict[str, int]  # smaps' sizes in kB: Rss, Anonymous, ...
+
+    @property
+    def clean(self) -> bool:
+        """No page of it was written privately: every resident page is the file's own (a mapping whose smaps gives
+        no Anonymous line is not known clean)."""
+        return self.fields.get("Anonymous", 1) == 0
+
+
+def file_mappings(smaps_text: str | None = None) -> list[FileMapping]:
+    """This process's file-backed mappings with their smaps sizes; [] where /proc has none."""
+    if smaps_text is None:
+        try:
+            smaps_text = SMAPS.read_text()
+        except OSError:
+            return []
+    mappings: list[FileMapping] = []
+    current: FileMapping | None = None
+    for line in smaps_text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            start, end, perms, path = header.groups()
+            current = FileMapping(int(start, 16), int(end, 16), perms, path.strip(), {})
+            if current.path.startswith("/"):
+                mappings.append(current)
+            continue
+        if current is not None:
+            name, _, rest = line.partition(":")
+            value = rest.split()
+            if value and value[0].isdigit():
+                current.fields[name] = int(value[0])
+    return mappings
+
+
+def _under(path: str, directory: str) -> bool:
+    return path.startswith(directory + os.sep)
+
+
+def release_clean_pages(directory: str | os.PathLike, mappings: list[FileMapping] | None = None) -> int:
+    """Drop the resident pages of every clean mapping of a file under `directory` -> bytes that were resident.
+    A mapping with a privately written page, or one the kernel refuses, keeps its pages."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    directory = os.path.realpath(directory)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
+    released = 0
+    for m in file_mappings() if mappings is None else mappings:
+        if not (_under(os.path.realpath(m.path), directory) and m.clean and m.fields.get("Rss", 0)):
+            continue
+        if libc.madvise(m.start, m.end - m.start, MADV_DONTNEED) == 0:
+            released += m.fields["Rss"] * 1024
+    return released
+
+
+def release_model_file_pages(model_dir: str | os.PathLike | None) -> None:
+    """After a session of the model in `model_dir` is made: its data file's clean pages leave the process."""
+    if model_dir is None or not sys.platform.startswith("linux"):
+        return
+    released = release_clean_pages(model_dir)
+    if released:
+        log.info("model data file: %.0f MiB of mapped pages given back after the session was made", released / 2**20)
