@@ -3,18 +3,20 @@
 ONNX Runtime maps each external initializer of `model.onnx.data` (a private, writable file mapping per tensor),
 prepacks what its kernels prepack into memory of its own, and unmaps those originals; the ones a kernel reads in
 place stay mapped, with every page that the load touched still resident and counted in the process's RSS. For GPT-2
-small at 8 bits that is ~52 MiB of 136: mostly the tied 8-bit embedding, which MatMulNBits has packed again for the
-LM head and which the embedding's Gather reads one row (768 bytes) per token
-(benchmarks/results/genai-and-one-client-2026-11-27.md).
+small at 8 bits that is ~52 MiB of 136: the tied 8-bit embedding's 41 MB with its scales (which MatMulNBits has
+packed again for the LM head, while the embedding's Gather reads one 768-byte row a token), the 3 MB position table,
+and the pages the kernel mapped around them (benchmarks/results/genai-and-one-client-2026-11-27.md).
 
-So after a session is made, the mappings of files in the model's own directory that hold no private copy of a page
-(smaps' Anonymous 0: a write to a private mapping copies the page into anonymous memory, and only those copies hold
-bytes the file does not; the file's own pages, dirty in the page cache after a fresh export or not, are the file's)
-are dropped from the process with madvise(MADV_DONTNEED). Nothing is lost: a page read later faults back in from
-the page cache (or the file), as llama.cpp's mmapped GGUF does, with its neighbours (the kernel's fault-around, 64
-KB): under a long run of varied tokens most of an embedding table comes back, never more than was there before. A
-mapping with a private copy is left alone, as is every mapping outside the model's directory (libraries, a peer's
-files). Elsewhere than Linux nothing is done.
+So after a CPU session is made, the mappings of the model directory's files (the kernel's resolved paths: a data
+file that is a symlink, as in a Hub cache snapshot, counts by its target) that hold no private copy of a page
+(smaps' Anonymous and Swap 0: a write to a private mapping copies the page into anonymous memory, which may be
+swapped out, and only those copies hold bytes the file does not; the file's own pages, dirty in the page cache after
+a fresh export or not, are the file's) are dropped from the process with madvise(MADV_DONTNEED). Nothing is lost: a
+page read later faults back in from the page cache (or the file), as llama.cpp's mmapped GGUF does, with its
+neighbours (the kernel's fault-around: 64 KB, or a large folio): under a long run of varied tokens most of an
+embedding table comes back, at most the mapping's size. A mapping with a private copy is left alone, as is every
+mapping of a file elsewhere (libraries, a peer's files). It is a trim, never a reason to fail a load: an error is
+logged and the load goes on. Elsewhere than Linux nothing is done.
 """
 
 from __future__ import annotations
@@ -44,16 +46,16 @@ class FileMapping:
 
     @property
     def clean(self) -> bool:
-        """No page of it was written privately: every resident page is the file's own (a mapping whose smaps gives
-        no Anonymous line is not known clean)."""
-        return self.fields.get("Anonymous", 1) == 0
+        """No page of it was written privately, resident or swapped out: every page is the file's own (a mapping whose
+        smaps lacks either line is not known clean)."""
+        return self.fields.get("Anonymous", 1) == 0 and self.fields.get("Swap", 1) == 0
 
 
 def file_mappings(smaps_text: str | None = None) -> list[FileMapping]:
     """This process's file-backed mappings with their smaps sizes; [] where /proc has none."""
     if smaps_text is None:
-        try:
-            smaps_text = SMAPS.read_text()
+        try:  # a file name need not be UTF-8: its bytes are kept as surrogates, never matched by mistake
+            smaps_text = SMAPS.read_bytes().decode("utf-8", "surrogateescape")
         except OSError:
             return []
     mappings: list[FileMapping] = []
@@ -74,22 +76,30 @@ def file_mappings(smaps_text: str | None = None) -> list[FileMapping]:
     return mappings
 
 
-def _under(path: str, directory: str) -> bool:
-    return path.startswith(directory + os.sep)
+def _model_files(directory: str) -> tuple[str, set[str]]:
+    """-> (the directory's resolved path, the resolved paths of the files in it): smaps names a file by its resolved
+    path, so a symlinked data file is matched by its target."""
+    root = os.path.realpath(directory)
+    try:
+        with os.scandir(directory) as entries:
+            targets = {os.path.realpath(e.path) for e in entries}
+    except OSError:
+        targets = set()
+    return root, targets
 
 
 def release_clean_pages(directory: str | os.PathLike, mappings: list[FileMapping] | None = None) -> int:
-    """Drop the resident pages of every clean mapping of a file under `directory` -> bytes that were resident.
+    """Drop the resident pages of every clean mapping of a file in `directory` -> bytes that were resident.
     A mapping with a privately written page, or one the kernel refuses, keeps its pages."""
     if not sys.platform.startswith("linux"):
         return 0
-    directory = os.path.realpath(directory)
+    root, targets = _model_files(os.fspath(directory))
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.madvise.restype = ctypes.c_int
     released = 0
     for m in file_mappings() if mappings is None else mappings:
-        if not (_under(os.path.realpath(m.path), directory) and m.clean and m.fields.get("Rss", 0)):
+        if not ((m.path in targets or m.path.startswith(root + os.sep)) and m.clean and m.fields.get("Rss", 0)):
             continue
         if libc.madvise(m.start, m.end - m.start, MADV_DONTNEED) == 0:
             released += m.fields["Rss"] * 1024
@@ -97,9 +107,14 @@ def release_clean_pages(directory: str | os.PathLike, mappings: list[FileMapping
 
 
 def release_model_file_pages(model_dir: str | os.PathLike | None) -> None:
-    """After a session of the model in `model_dir` is made: its data file's clean pages leave the process."""
+    """After a CPU session of the model in `model_dir` is made: its files' clean pages leave the process. A trim:
+    whatever goes wrong is logged, never raised."""
     if model_dir is None or not sys.platform.startswith("linux"):
         return
-    released = release_clean_pages(model_dir)
+    try:
+        released = release_clean_pages(model_dir)
+    except Exception as e:  # /proc unreadable in a sandbox, a libc without madvise: the load goes on
+        log.debug("model data file pages not given back: %s: %s", type(e).__name__, e)
+        return
     if released:
         log.info("model data file: %.0f MiB of mapped pages given back after the session was made", released / 2**20)

@@ -95,7 +95,7 @@ class SessionConfig:
     # small pages, a load ~0.2 s faster per 150 MB of weights. GPTEDGE_HUGE_PAGES=0 in the environment turns it off
     # for every command.
     huge_pages: bool = field(default_factory=lambda: os.environ.get(HUGE_PAGES_ENV, "1") != "0")
-    # Once the session is made, the pages of the model's data file that ONNX Runtime keeps mapped (initializers
+    # Once a CPU session is made, the pages of the model's data file that ONNX Runtime keeps mapped (initializers
     # read in place, such as a tied embedding's table) leave the process until read again (Linux; only mappings
     # no page of which was written: runtime/graphs/file_pages.py). GPT-2 small 8-bit: ~52 MiB less RSS.
     release_file_pages: bool = True
@@ -179,9 +179,9 @@ def make_session(model_path: str | bytes, device: str = "auto", config: SessionC
                                 f"no such input: install onnxruntime >= 1.32, or export the dir again with this "
                                 f"one") from None
         raise
-    if config.release_file_pages:
-        release_model_file_pages(os.path.dirname(os.path.abspath(model_path)) if isinstance(model_path, str)
-                                 else external_data_dir)
+    if config.release_file_pages and providers == [CPU_PROVIDER]:
+        release_model_file_pages(os.path.dirname(os.path.abspath(model_path))
+                                 if isinstance(model_path, (str, os.PathLike)) else external_data_dir)
     log.info("session on %s (providers used: %s)", device, ", ".join(session.get_providers()))
     return session
 

@@ -15,6 +15,7 @@ from gptedge.runtime.generation.constraints import ConstraintCompiler, Constrain
 from gptedge.runtime.generation.sampling import SamplingParams
 from gptedge.runtime.serving.engine import CompletionRequest, Engine
 
+
 def _constraint_for(model, vocab_size: int):
     """A compiled regex constraint for a vocabulary of vocab_size ids (another model's, when it is not m's)."""
     return ConstraintCompiler(model.tokenizer, vocab_size, model.manifest.stop_ids).compile(

@@ -48,6 +48,7 @@ Size:                 16 kB
 Rss:                   8 kB
 Private_Dirty:         8 kB
 Anonymous:             0 kB
+Swap:                  0 kB
 VmFlags: rd wr mr mw me ac
 7f0000004000-7f0000008000 rw-p 00000000 00:00 0
 Rss:                   4 kB
@@ -55,15 +56,21 @@ Rss:                   4 kB
 Rss:                   4 kB
 Private_Dirty:         4 kB
 Anonymous:             4 kB
+Swap:                  0 kB
 7f000000c000-7f0000010000 r--p 00002000 08:01 124 /models/m/model.onnx.data
 Rss:                   4 kB
+7f0000010000-7f0000014000 rw-p 00003000 08:01 124 /models/m/model.onnx.data
+Rss:                   0 kB
+Anonymous:             0 kB
+Swap:                  4 kB
 """
-    first, second, third = file_pages.file_mappings(text)  # the anonymous mapping is not a file's
+    first, second, third, fourth = file_pages.file_mappings(text)  # the anonymous mapping is not a file's
     assert (first.start, first.end, first.perms, first.path) == (0x7F0000000000, 0x7F0000004000, "rw-p",
                                                                  "/models/m/model.onnx.data")
     assert first.fields["Rss"] == 8 and first.clean  # dirty in the page cache (a fresh file), no private copy
     assert second.path == "/models/my model/model.onnx.data" and not second.clean  # a page written through it
     assert not third.clean  # no Anonymous line: not known clean
+    assert not fourth.clean  # its written page is swapped out, not resident: still not the file's bytes
 
 
 @linux_only
@@ -97,6 +104,26 @@ def test_files_outside_the_directory_are_left_alone(tmp_path):
     memory.close()
 
 
+@linux_only
+def test_a_symlinked_data_file_is_released_by_its_target(tmp_path):
+    """As in a Hub cache snapshot: the model dir holds a link, the bytes live elsewhere (smaps names the target)."""
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "model").mkdir()
+    memory, data = _mapped_file(tmp_path / "blobs", "abc123")
+    (tmp_path / "model" / "model.onnx.data").symlink_to(tmp_path / "blobs" / "abc123")
+    assert file_pages.release_clean_pages(tmp_path / "model") >= PAGES * mmap.PAGESIZE
+    assert _rss_kib(tmp_path / "blobs" / "abc123") == 0
+    assert memory[:] == data
+    memory.close()
+
+
+def test_a_failure_to_give_pages_back_never_fails_a_load(tmp_path, monkeypatch):
+    def unreadable():
+        raise PermissionError("/proc/self/smaps")
+    monkeypatch.setattr(file_pages, "file_mappings", unreadable)
+    file_pages.release_model_file_pages(tmp_path)  # logged, not raised
+
+
 @pytest.fixture(scope="module")
 def external_data_dir(tmp_path_factory, gpt2_checkpoint):
     """A tiny GPT-2 exported with its weights in model.onnx.data (the threshold lowered as for a big model)."""
@@ -117,7 +144,7 @@ def test_a_session_gives_back_its_data_files_pages_only_when_asked(external_data
     assert _rss_kib(data) > 0  # the tied embedding, read in place by its Gather
     del kept
     gc.collect()  # that session, and with it its mappings of the file, gone
-    session = make_session(graph, "cpu", SessionConfig(threads=1))
+    session = make_session(external_data_dir / "model.onnx", "cpu", SessionConfig(threads=1))  # a Path too
     assert _rss_kib(data) == 0
     del session
 
