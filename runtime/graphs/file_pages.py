@@ -16,7 +16,8 @@ page read later faults back in from the page cache (or the file), as llama.cpp's
 neighbours (the kernel's fault-around: 64 KB, or a large folio): under a long run of varied tokens most of an
 embedding table comes back, at most the mapping's size. A mapping with a private copy is left alone, as is every
 mapping of a file elsewhere (libraries, a peer's files). It is a trim, never a reason to fail a load: an error is
-logged and the load goes on. Elsewhere than Linux nothing is done.
+logged and the load goes on. Elsewhere than Linux nothing is done. Cost: reading smaps and the madvise calls, ~35 ms
+a session for GPT-2 small or the SmolLM2-135M shape (320-390 mappings; a load takes 0.7-1 s).
 """
 
 from __future__ import annotations
