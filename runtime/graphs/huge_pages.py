@@ -55,7 +55,8 @@ def advising() -> bool:
 
 
 @functools.cache
-def _libc():
+def libc():
+    """The C library with madvise and mincore typed (file_pages.py uses it too)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.madvise.restype = ctypes.c_int
@@ -75,7 +76,7 @@ def collapse_supported() -> bool:
     view = ctypes.c_char.from_buffer(scratch)
     first, _ = _whole_pages(ctypes.addressof(view), ctypes.addressof(view) + len(scratch))
     del view  # released before close(), which refuses a mapping still exported
-    supported = _libc().madvise(first, HUGE_PAGE, MADV_COLLAPSE) == 0
+    supported = libc().madvise(first, HUGE_PAGE, MADV_COLLAPSE) == 0
     scratch.close()
     return supported
 
@@ -132,7 +133,7 @@ def resident_huge_pages(start: int, end: int) -> list[tuple[int, int]]:
         return []
     small = mmap.PAGESIZE
     flags = (ctypes.c_ubyte * ((last - first) // small))()
-    if _libc().mincore(first, last - first, flags) != 0:
+    if libc().mincore(first, last - first, flags) != 0:
         return []
     whole = (np.frombuffer(flags, np.uint8).reshape(-1, HUGE_PAGE // small) & 1).all(axis=1)  # (2 MiB pages,)
     runs: list[tuple[int, int]] = []
@@ -153,7 +154,7 @@ def collapse(regions: list[tuple[int, int]]) -> int:
     done = 0
     for start, end in regions:
         for first, last in resident_huge_pages(start, end):
-            if _libc().madvise(first, last - first, MADV_COLLAPSE) == 0:
+            if libc().madvise(first, last - first, MADV_COLLAPSE) == 0:
                 done += last - first
     return done
 
