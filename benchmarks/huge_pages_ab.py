@@ -20,8 +20,9 @@ import numpy as np
 from gptedge.runtime import SessionConfig, load
 
 
-def engines(args) -> dict:
-    """name -> a function (prompt ids) -> decode tok/s; the dirs off then on, then the llama.cpp recipes."""
+def engines(args) -> tuple[dict, int]:
+    """-> (name -> a function (prompt ids) -> decode tok/s, the vocabulary size): the dirs off then on, then the
+    llama.cpp recipes."""
     out, vocab, context = {}, None, None
     for d in args.dirs:
         for on in {"both": (False, True), "on": (True,), "off": (False,)}[args.huge_pages]:
