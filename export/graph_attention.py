@@ -132,8 +132,10 @@ class GroupQueryAttention(AttentionWriter):
 
     def __call__(self, x: str, w: Weights, i: int) -> str:
         g, p = self.g, f"h.{i}.attn"
-        q, k, v = self._qkv(x, w, i)
-        y = g.op("GroupQueryAttention", [q, k, v, C.past_key(i), C.past_value(i), self.seqlens_k, self.total,
+        # The packed q | k | v (B, S, 3C) straight in, key and value left out: the op splits it as it reads it, one
+        # node and one copy of the activations fewer a layer than a Split (the Llama-style graphs' form too).
+        qkv = linear(g, x, w, f"{p}.c_attn")
+        y = g.op("GroupQueryAttention", [qkv, "", "", C.past_key(i), C.past_value(i), self.seqlens_k, self.total,
                                          "", "", "", self.bias],
                  outputs=[f"{p}.out", C.present_key(i), C.present_value(i)], name=f"{p}.gqa", domain=MS_DOMAIN,
                  num_heads=self.n_head, kv_num_heads=self.n_head)[0]  # (B, S, C)
