@@ -25,6 +25,7 @@ import numpy as np
 from .generation.arguments import check_text
 from .errors import InvalidArgumentError, ModelDirError
 from .checks.integrity import open_checked_session
+from .graphs.heap_trim import trim_heap
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .graphs.session import SessionConfig
 from .modeldir.tasks import (CHOICE, CHOICES, COMBINE_CHOICES, COMBINE_ONE, COMBINE_SUM, SPECIAL_ROLES, Task,
@@ -243,4 +244,6 @@ def load_classifier(model_dir: str | Path, device: str = "auto", session: Sessio
                             "use gptedge generate / gptedge.runtime.load")
     ort_session, graph, tokenizer = open_checked_session(model_dir, manifest, False, device, session)
     check_head_graph(ort_session, manifest, graph)
+    if (session or SessionConfig()).trim_heap:
+        trim_heap()  # what the load freed leaves the process (runtime/graphs/heap_trim.py)
     return Classifier(model_dir, manifest, ort_session, device, time.perf_counter() - started, tokenizer)

@@ -29,6 +29,7 @@ from .generation.generation_options import PREFILL_CHUNK, is_count
 from .generation.sampling import SamplingParams
 from .graphs.graph_variant import GraphVariant, variant_for
 from .graphs.cuda_graph import decode_graph_bytes
+from .graphs.heap_trim import trim_heap
 from .graphs.session import SessionConfig, import_onnxruntime, make_session
 from .modeldir.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .modeldir.tasks import article
@@ -241,5 +242,7 @@ def load(model_dir: str | Path, device: str = "auto", session: SessionConfig | N
     _enable_cuda_graphs(variant, manifest, graph, device, session or SessionConfig())
     loaded = LoadedModel(model_dir, manifest, ort_session, variant, device, time.perf_counter() - started)
     loaded._tokenizer = tokenizer  # read once, for the checks
+    if (session or SessionConfig()).trim_heap:
+        trim_heap()  # what the load freed leaves the process (runtime/graphs/heap_trim.py)
     log.info("loaded %s (%s, %s graph) in %.2fs", model_dir, manifest.precision, manifest.graph, loaded.load_s)
     return loaded
