@@ -185,6 +185,10 @@ def test_attention_kind_follows_graph_and_fused(tmp_path, arch, graph, fused, at
     assert ops & contrib == ({attention, "FastGelu"} if attention else set())
     assert manifest.source.contrib_ops == tuple(sorted(ops & contrib))
     assert ("Softmax" in ops) == (attention is None)  # plain attention: QK^T, Softmax, PV
+    if attention == "GroupQueryAttention":  # the packed q | k | v goes in whole: key and value left empty, no Split
+        model = onnx.load(str(tmp_path / "m" / "model.onnx"))
+        assert "Split" not in ops
+        assert all(list(n.input[1:3]) == ["", ""] for n in model.graph.node if n.op_type == attention)
 
 
 def test_kv_buffer_refused_with_plain_ops(tmp_path):
