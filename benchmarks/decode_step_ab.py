@@ -4,7 +4,13 @@ round, medians per round and each dir's speedup over the first (median of the pe
 sampling or text: the graph alone, as gptedge's sessions run it (ONNX Runtime's GroupQueryAttentionFusion off).
 
     python benchmarks/decode_step_ab.py DIR_A DIR_B ... [--position 96] [--rounds 12] [--steps 30] [--threads 2]
-        [--batch 1]
+        [--batch 1] [--alternate 400]
+
+--alternate N: N cycles of one step per dir in turn instead (the order reversed every other cycle, each session's
+threads told to stop spinning when its run returns, so none spins into the next dir's step), each dir's speedup the
+median of the per-cycle ratios: on a host whose pace moves within a second this reads 1-2 % differences that rounds
+of 30 steps do not. Name the first dir twice (A B A B) to see the noise: the first session made read 1-3 % slower
+than a second one of the same dir on a Zen 4 (2026-11-28).
 """
 
 from __future__ import annotations
@@ -20,10 +26,14 @@ NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int
          "tensor(uint8)": np.uint8}
 
 
-def bound_step(model_dir: Path, position: int, threads: int, max_len: int, batch: int = 1, head_size: int = 64):
-    """-> (session, binding, arrays kept alive): a decode step of `batch` rows at `position` over a zeroed cache."""
+def bound_step(model_dir: Path, position: int, threads: int, max_len: int, batch: int = 1, head_size: int = 64,
+               stop_spinning: bool = False):
+    """-> (session, binding, arrays kept alive): a decode step of `batch` rows at `position` over a zeroed cache.
+    stop_spinning: the session's threads sleep as soon as a run returns (ONNX Runtime's session.force_spinning_stop)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    if stop_spinning:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     session = ort.InferenceSession(str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"],
                                    disabled_optimizers=["GroupQueryAttentionFusion"])
     binding, kept = session.io_binding(), []
@@ -57,9 +67,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="rows in the step (every row at --position, no padding)")
     ap.add_argument("--head-size", type=int, default=64, help="the cache's last dimension where a graph leaves it "
                     "symbolic (GenAI's builder: kv_cache_dim)")
+    ap.add_argument("--alternate", type=int, default=0, metavar="CYCLES",
+                    help="one step per dir in turn for CYCLES cycles (module docstring) instead of rounds")
     args = ap.parse_args()
     steps = [bound_step(d, args.position, args.threads, max(1024, args.position + 1), args.batch,
-                        args.head_size) for d in args.dirs]
+                        args.head_size, stop_spinning=args.alternate > 0) for d in args.dirs]
+    if args.alternate:
+        alternate(args, steps)
+        return
     ms: list[list[float]] = [[] for _ in args.dirs]
     for _ in range(args.rounds):
         for k, (session, binding, _) in enumerate(steps):
@@ -77,6 +92,25 @@ def main() -> None:
     for d, row in zip(args.dirs, ms, strict=True):
         ratio = float(np.median([a / b for a, b in zip(ms[0], row, strict=True)]))
         print(f"| {d} | {np.median(row):.2f} ({min(row):.2f}-{max(row):.2f}) | {ratio:.3f}x |")
+
+
+def alternate(args, steps) -> None:
+    for session, binding, _ in steps:
+        for _ in range(10):
+            session.run_with_iobinding(binding)
+    ms = np.zeros((args.alternate, len(steps)))
+    for c in range(args.alternate):
+        for k in range(len(steps))[::1 if c % 2 == 0 else -1]:
+            session, binding, _ = steps[k]
+            start = time.perf_counter()
+            session.run_with_iobinding(binding)
+            ms[c, k] = (time.perf_counter() - start) * 1e3
+    print(f"decode step at position {args.position}, batch {args.batch}, {args.threads} threads, {args.alternate} "
+          "cycles of one step per dir in turn")
+    print("| dir | median ms (p10-p90) | speedup over the first (median of per-cycle ratios) |\n|---|---|---:|")
+    for k, d in enumerate(args.dirs):
+        p10, p90 = np.percentile(ms[:, k], [10, 90])
+        print(f"| {d} | {np.median(ms[:, k]):.2f} ({p10:.2f}-{p90:.2f}) | {np.median(ms[:, 0] / ms[:, k]):.3f}x |")
 
 
 if __name__ == "__main__":
