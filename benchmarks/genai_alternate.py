@@ -16,7 +16,6 @@ the same seeded prompt ids, no text. Speed only: random weights are fine.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from genai_builder_bench import cpu_line, versions  # noqa: E402 - after the sys.path line above
+from genai_builder_bench import cpu_line, engine_arguments, versions, vocab_of  # noqa: E402 - after sys.path
 from gptedge.measure.bench import bench_prompts  # noqa: E402
+from gptedge.measure.peers.genai import genai_greedy, genai_model  # noqa: E402
 from gptedge.runtime import SessionConfig, load  # noqa: E402
 
 PAUSE_S = 0.05  # longer than ONNX Runtime's spin after a run: the next engine starts on idle cores
@@ -37,23 +37,10 @@ class GenAIEngine:
         import onnxruntime_genai as og
 
         self.og, self.name = og, f"GenAI {model_dir.name}"
-        config = og.Config(str(model_dir))
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
-        self.model = og.Model(config)
+        self.model = genai_model(og, model_dir, threads)
 
     def rate(self, prompts: list[list[int]], new: int) -> float:
-        ids = np.array(prompts, dtype=np.int32)  # (B, P): equal lengths, no padding
-        params = self.og.GeneratorParams(self.model)
-        total = ids.shape[1] + new
-        params.set_search_options(do_sample=False, max_length=total, min_length=total, batch_size=ids.shape[0])
-        generator = self.og.Generator(self.model, params)
-        generator.append_tokens(ids)  # the prompt's run
-        generator.generate_next_token()  # the first new token
-        first = time.perf_counter()
-        for _ in range(new - 1):
-            generator.generate_next_token()
-        generator.get_sequence(0)
+        first = genai_greedy(self.og, self.model, np.array(prompts, dtype=np.int32), new)  # (B, P) equal lengths
         return len(prompts) * (new - 1) / (time.perf_counter() - first)
 
 
@@ -84,17 +71,13 @@ def run_cell(engines, prompts, new: int, cycles: int) -> list[list[float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gptedge", nargs="+", type=Path, required=True)
-    ap.add_argument("--genai", nargs="+", type=Path, required=True)
-    ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--spans", default="32+128,896+128")
+    engine_arguments(ap)
     ap.add_argument("--cycles", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     ours = [GptedgeEngine(d, a.threads) for d in a.gptedge]
     theirs = [GenAIEngine(d, a.threads) for d in a.genai]
     engines = ours + theirs
-    vocab = json.loads((a.genai[0] / "genai_config.json").read_text())["model"]["vocab_size"]
+    vocab = vocab_of(a.genai[0])
     print(f"# gptedge vs GenAI's builder export, generations in turn\n\n- CPU: {cpu_line()}\n- {versions()}\n"
           f"- command: `python {' '.join(sys.argv)}`\n- {a.threads} threads, {a.cycles} cycles a cell; decode "
           "tok/s: median (min-max); ratios: median of the per-cycle ratios (min-max)\n")

@@ -49,14 +49,19 @@ def vocab_of(genai_dir: Path) -> int:
     return json.loads((genai_dir / "genai_config.json").read_text())["model"]["vocab_size"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def engine_arguments(ap: argparse.ArgumentParser) -> None:
+    """The dirs, cells and threads this script and genai_alternate.py share."""
     ap.add_argument("--gptedge", nargs="+", type=Path, required=True)
     ap.add_argument("--genai", nargs="+", type=Path, required=True)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--spans", default="32+128,896+128")
-    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    engine_arguments(ap)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()

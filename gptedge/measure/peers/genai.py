@@ -14,13 +14,9 @@ from gptedge.measure.bench import BenchRow, peak_rss_mb
 from .base import BenchJob, PeerEngine, PlannedRow, timed
 
 
-def bench_genai(model_dir: Path, prompts, new_tokens: int, threads: int | None, repeat: int,
-                device: str = "cpu") -> BenchRow:
-    """Same prompt ids; min_length = max_length keeps it going past eos, as gptedge's bench does (ignore_eos).
-    device "cuda": GenAI's CUDA provider (onnxruntime-genai-cuda); threads None: GenAI's default."""
-    import onnxruntime_genai as og
-
-    t0 = time.perf_counter()
+def genai_model(og, model_dir: Path, threads: int | None, device: str = "cpu"):
+    """GenAI's model of a dir (its genai_config.json), on `threads` intra-op threads (None: GenAI's default); device
+    "cuda": GenAI's CUDA provider (onnxruntime-genai-cuda)."""
     config = og.Config(str(model_dir))
     if threads:
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
@@ -28,21 +24,35 @@ def bench_genai(model_dir: Path, prompts, new_tokens: int, threads: int | None, 
     if device == "cuda":
         config.clear_providers()
         config.append_provider("cuda")
-    model = og.Model(config)
+    return og.Model(config)
+
+
+def genai_greedy(og, model, ids: np.ndarray, n: int) -> float:
+    """n greedy tokens after each row of ids (B, P) int32, equal lengths: min_length = max_length keeps it going past
+    eos, as gptedge's bench does (ignore_eos) -> perf_counter() when the first new token was out."""
+    params = og.GeneratorParams(model)
+    total = ids.shape[1] + n
+    params.set_search_options(do_sample=False, max_length=total, min_length=total, batch_size=ids.shape[0])
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    generator.generate_next_token()
+    first = time.perf_counter()
+    for _ in range(n - 1):
+        generator.generate_next_token()
+    generator.get_sequence(0)  # the ids reach the host: the run is over (on a GPU too)
+    return first
+
+
+def bench_genai(model_dir: Path, prompts, new_tokens: int, threads: int | None, repeat: int,
+                device: str = "cpu") -> BenchRow:
+    """Same prompt ids as gptedge's rows; threads None: GenAI's default."""
+    import onnxruntime_genai as og
+
+    t0 = time.perf_counter()
+    model = genai_model(og, model_dir, threads, device)
     load_s = time.perf_counter() - t0
     ids = np.array(prompts, dtype=np.int32)  # (B, P): equal lengths, no padding
-
-    def generate(n: int) -> None:
-        params = og.GeneratorParams(model)
-        total = ids.shape[1] + n
-        params.set_search_options(do_sample=False, max_length=total, min_length=total, batch_size=ids.shape[0])
-        generator = og.Generator(model, params)
-        generator.append_tokens(ids)
-        for _ in range(n):
-            generator.generate_next_token()
-        generator.get_sequence(0)  # the ids reach the host: the run is over (on a GPU too)
-
-    ttft, rate, runs = timed(generate, new_tokens, len(prompts), repeat)
+    ttft, rate, runs = timed(lambda n: genai_greedy(og, model, ids, n), new_tokens, len(prompts), repeat)
     return BenchRow(f"ONNX Runtime GenAI ({model_dir.name})", load_s, ttft, rate, peak_rss_mb(),
                     f"onnxruntime-genai {og.__version__}", runs)
 
