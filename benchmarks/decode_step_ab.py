@@ -9,7 +9,7 @@ sampling or text: the graph alone, as gptedge's sessions run it (ONNX Runtime's 
 --alternate N: N cycles of one step per dir in turn instead (the order reversed every other cycle, each session's
 threads told to stop spinning when its run returns, so none spins into the next dir's step), each dir's speedup the
 median of the per-cycle ratios: on a host whose pace moves within a second this reads 1-2 % differences that rounds
-of 30 steps do not. Name the first dir twice (A B A B) to see the noise: the first session made read 1-3 % slower
+of 30 steps do not. Name the first dir twice (A B A B) to see the noise: the first session made read 1-4 % slower
 than a second one of the same dir on a Zen 4 (2026-11-28).
 """
 
@@ -39,7 +39,7 @@ def bound_step(model_dir: Path, position: int, threads: int, max_len: int, batch
     if stop_spinning:
         options.add_session_config_entry("session.force_spinning_stop", "1")
     # weights on huge pages, as gptedge's CPU sessions have them: on 4 KiB pages each session made after the first
-    # read up to 15 % faster than the one before it (one dir named four times, Zen 4, 2026-11-28), on huge pages 1-3 %
+    # read up to 15 % faster than the one before it (one dir named four times, Zen 4, 2026-11-28), on huge pages 1-4 %
     with weights_on_huge_pages(huge_pages):
         session = ort.InferenceSession(str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"],
                                        disabled_optimizers=["GroupQueryAttentionFusion"])
