@@ -25,6 +25,7 @@ from . import nbit_math as nm
 from .awq import awq_overrides, fold_sites
 from .base import Method, Quantized, QuantizeJob, Storage
 from .gptq import gptq_blocks
+from .packed_linears import pack_sibling_linears
 from .fp16 import ACTIVATIONS as FP16_ACTIVATIONS
 from .fp16 import to_float16
 from .rewrite import MS_DOMAIN, Rewrite
@@ -215,6 +216,7 @@ def apply(job: QuantizeJob) -> Quantized:
                                        quantize_head=rc.quantize_head, keep_8bit=rc.keep_8bit,
                                        scale_search=rc.scale_search, overrides=overrides,  # initializers inline
                                        linear_names=names, rounded=rounded)
+    model = pack_sibling_linears(model)  # exact: a gated MLP's gate and up as one node (and a Split)
     if rc.float16:
         model = to_float16(model)  # MatMulNBits' scales and activations become fp16 with the rest
     return Quantized(model, nodes, rc)

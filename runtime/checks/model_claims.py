@@ -29,7 +29,7 @@ from .. import contract as C
 from ..modeldir.kv_cache import DEFAULT_KV_CACHE, KV_CACHES, cache_onnx_type
 from ..modeldir.manifest import MANIFEST_NAME, Manifest
 from ..modeldir.onnx_wire import GraphFacts
-from ..modeldir.recipe import block_linears, kept_at_8bit, older_block_linears
+from ..modeldir.recipe import PACKED_JOIN, block_linears, kept_at_8bit, older_block_linears
 from ..registry import FAMILIES, GRAPH_VARIANTS, QUANTIZATION_METHODS
 from .companion_files import companion_problems
 from .recipe_claims import recipe_problems
@@ -138,9 +138,12 @@ def _weight_only(m: Manifest, facts: GraphFacts, bits: Counter, linear_bits: int
     if q.bits == 4 and m.task is None:  # the 8-bit MatMulNBits: the linears kept at 8 bits, and an 8-bit LM head
         layouts = [block_linears(m.shape.n_layer, m.shape.arch), older_block_linears(m.shape.n_layer, m.shape.arch)]
         kept, *older = [sum(kept_at_8bit(pair, q.keep_8bit) for pair in names.items()) for names in layouts if names]
-        if bits[8] - (q.embedding_bits == 8) not in (kept, *older):  # older: a dir written before q|k|v were packed
+        # a packed node holds the linears its B's name joins (quantize/packed_linears.py)
+        held = sum(1 + n.inputs[1].count(PACKED_JOIN) for n in facts.nodes
+                   if n.op_type == "MatMulNBits" and n.ints.get("bits", 4) == 8 and len(n.inputs) > 1)
+        if held - (q.embedding_bits == 8) not in (kept, *older):  # older: a dir written before q|k|v were packed
             problems.append(f"{SAYS} {kept} linears kept at 8 bits (keep_8bit {list(q.keep_8bit)}) and a "
-                            f"{q.embedding_bits}-bit LM head, the graph has {bits[8]} 8-bit MatMulNBits")
+                            f"{q.embedding_bits}-bit LM head, the graph's 8-bit MatMulNBits hold {held}")
     blocks = sorted({n.ints["block_size"] for n in facts.nodes
                      if n.op_type == "MatMulNBits" and "block_size" in n.ints})
     if blocks and blocks != [q.block_size]:

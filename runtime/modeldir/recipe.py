@@ -54,6 +54,9 @@ def kept_at_8bit(names: str | tuple[str, ...], patterns: tuple[str, ...]) -> boo
 
 # The shared (1, b, b) initializer of --rotate-down's rotation (quantize/rotation.py); the manifest check finds it.
 ROTATION_INIT = "mlp.down.rotation"
+# Joins the linears' initializer names in the name of a packed MatMulNBits' (quantize/packed_linears.py): the
+# manifest check counts the linears a node holds by it.
+PACKED_JOIN = "+"
 
 
 @dataclass(frozen=True)

@@ -136,19 +136,19 @@ def test_weight_only_bits_claims(tmp_path):
         f"{SAYS} precision int8, the graph's is int4 (MatMulNBits, float32 cache)"]
     assert claims(w4(), facts(*nbits(9, 0)), tmp_path) == [
         f"{SAYS} embedding_bits 8, the graph's MatMulNBits are 4-bit",
-        f"{SAYS} 0 linears kept at 8 bits (keep_8bit []) and a 8-bit LM head, the graph has 0 8-bit MatMulNBits"]
+        f"{SAYS} 0 linears kept at 8 bits (keep_8bit []) and a 8-bit LM head, the graph's 8-bit MatMulNBits hold 0"]
     assert claims(w4(embedding_bits=4), facts(*nbits(9, 0)), tmp_path) == []
     assert claims(w4(), facts(*nbits(7, 2)), tmp_path) == [
-        f"{SAYS} 0 linears kept at 8 bits (keep_8bit []) and a 8-bit LM head, the graph has 2 8-bit MatMulNBits"]
+        f"{SAYS} 0 linears kept at 8 bits (keep_8bit []) and a 8-bit LM head, the graph's 8-bit MatMulNBits hold 2"]
 
 
 def test_linears_kept_at_8_bits_are_counted(tmp_path):
     kept = w4(keep_8bit=("h.0.*",))  # 4 linears of block 0, and the 8-bit LM head: 5 8-bit MatMulNBits
     assert claims(kept, facts(*nbits(4, 5)), tmp_path) == []  # more 8-bit than 4-bit: still int4 linears
     assert claims(kept, facts(*nbits(5, 4)), tmp_path) == [
-        f"{SAYS} 4 linears kept at 8 bits (keep_8bit ['h.0.*']) and a 8-bit LM head, the graph has 4 8-bit "
-        "MatMulNBits"]
-    assert claims(kept, facts(*nbits(3, 6)), tmp_path)[0].endswith("the graph has 6 8-bit MatMulNBits")
+        f"{SAYS} 4 linears kept at 8 bits (keep_8bit ['h.0.*']) and a 8-bit LM head, the graph's 8-bit "
+        "MatMulNBits hold 4"]
+    assert claims(kept, facts(*nbits(3, 6)), tmp_path)[0].endswith("the graph's 8-bit MatMulNBits hold 6")
     one = w4(keep_8bit=("*.mlp.c_proj",), embedding_bits=4)
     assert claims(one, facts(*nbits(7, 2)), tmp_path) == []
 

@@ -68,7 +68,7 @@ def test_a_manifest_that_hides_kept_linears_is_refused(gpt2_model_dir, tmp_path)
     data = json.loads(path.read_text())
     data["quantization"]["keep_8bit"] = ["h.0.mlp.c_fc"]  # claims 1 kept linear; the graph has 4
     path.write_text(json.dumps(data))
-    with pytest.raises(ModelDirError, match=f"{SAYS} 1 linears kept at 8 bits .* the graph has 5 8-bit MatMulNBits"):
+    with pytest.raises(ModelDirError, match=f"{SAYS} 1 linears kept at 8 bits .* the graph's 8-bit MatMulNBits hold 5"):
         load(tmp_path / "q", device="cpu")
 
 
