@@ -22,7 +22,7 @@ from gptedge.onnx_files import Initializers
 from gptedge.quantize import awq
 from gptedge.quantize.recipe_search import search_recipe
 from gptedge.runtime.modeldir.manifest import read_manifest
-from gptedge.runtime.modeldir.recipe import block_linears
+from gptedge.runtime.modeldir.recipe import PACKED_JOIN, block_linears
 from gptedge.runtime.registry import FAMILIES
 
 from ..support.checkpoints import ROOT
@@ -331,9 +331,12 @@ def test_gptq_rounds_every_llama_linear_and_leaves_the_head(fp32_dirs, tmp_path)
     assert {n: (a.shape, a.dtype) for n, a in plain.items()} == {n: (a.shape, a.dtype) for n, a in rounded.items()}
     blocks = [n for n in plain if n.endswith(".q4")]
     linears = block_linears(2, "llama")
-    assert {n.removesuffix(".weight.q4") for n in blocks} >= set(linears)  # q, k, v, o, gate, up, down per block
+    def held(names):  # a packed node's B names its linears' joined (gate + up: quantize/packed_linears.py)
+        return {part.removesuffix(".weight.q4") for n in names for part in n.split(PACKED_JOIN)}
+
+    assert held(blocks) >= set(linears)  # qkv, o, gate, up, down per block
     changed = {n for n in blocks if not np.array_equal(plain[n], rounded[n])}
-    assert {n.removesuffix(".weight.q4") for n in changed} == set(linears)
+    assert held(changed) == set(linears)
     runtime.load(tmp_path / "gptq", device="cpu")
 
 
