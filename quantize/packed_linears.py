@@ -88,13 +88,12 @@ def _packed(group: list[onnx.NodeProto], inits: dict[str, onnx.TensorProto],
     """One group -> [its MatMulNBits, its Split]; the packed initializers appended to `out`."""
     widths = [next(a.i for a in n.attribute if a.name == "N") for n in group]
     names = []
-    for slot in range(1, len(group[0].input)):  # B (N, K/bs, bs*bits/8), scales (N, K/bs) or flat, zero points
-        parts = [numpy_helper.to_array(inits[n.input[slot]]) for n in group]
-        rows = [p.reshape(w, -1) for p, w in zip(parts, widths, strict=True)]  # each member's N rows
-        joined = np.concatenate(rows, axis=0).reshape((sum(widths), *parts[0].shape[1:])
-                                                       if parts[0].shape[0] == widths[0] else (-1,))
+    # B (N, K/bs, bs*bits/8), scales (N, K/bs), zero points (N, ...) or any of them flat: rows of N first either way,
+    # so joining along axis 0 puts each member's rows after the last's
+    for slot in range(1, len(group[0].input)):
         name = PACKED_JOIN.join(n.input[slot] for n in group)
-        out.append(numpy_helper.from_array(joined, name))
+        out.append(numpy_helper.from_array(np.concatenate([numpy_helper.to_array(inits[n.input[slot]])
+                                                           for n in group]), name))
         names.append(name)
     attrs = {a.name: helper.get_attribute_value(a) for a in group[0].attribute}
     attrs["N"] = sum(widths)
