@@ -1,10 +1,12 @@
 """Decode tok/s of model dirs with their weights on huge pages and without (SessionConfig(huge_pages=...)), side by
 side in one process, rounds interleaved, optionally beside llama.cpp's quantizations of the same checkpoint
 (llama-cpp-python; $GPTEDGE_LLAMA_CPP_SOURCE as for `compare --peers llama.cpp`). Batch 1, greedy, seeded random
-prompts, every engine's first token excluded from its rate.
+prompts, every engine's first token excluded from its rate. --linears adds, per dir, a row of its MatMulNBits
+alone (every other op removed, each node fed a fixed row): what the linears' kernel leaves for a step that does
+nothing else, the ceiling of the dir's tok/s in the same minute.
 
     python benchmarks/huge_pages_ab.py DIR [DIR...] [--checkpoint CKPT --recipes Q8_0,Q4_K_M] [--prompt 32]
-        [--new 128] [--rounds 4] [--threads 2] [--huge-pages both|on|off] [--work WORK]
+        [--new 128] [--rounds 4] [--threads 2] [--huge-pages both|on|off] [--linears] [--work WORK]
 
 Prints each round and, per engine, the median; each dir's on / off ratio is the median of the per-round ratios.
 """
@@ -15,9 +17,40 @@ import argparse
 import tempfile
 from pathlib import Path
 
+import time
+
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 
 from gptedge.runtime import SessionConfig, load
+from gptedge.runtime.graphs.session import make_session
+
+
+def linears_alone(model_dir: str, threads: int, new: int):
+    """-> a function (prompt ids, unused) -> steps/s of a session holding only the dir's MatMulNBits, each reading
+    a fixed (1, K) row, with the dir's own weights (huge pages as load gives them); a run = one step's linears."""
+    model = onnx.load(str(Path(model_dir) / "model.onnx"))  # external data read in
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    widths = sorted({helper.get_attribute_value(a) for n in nodes for a in n.attribute if a.name == "K"})
+    used = {name for n in nodes for name in n.input[1:]}
+    for n in nodes:
+        k = next(helper.get_attribute_value(a) for a in n.attribute if a.name == "K")
+        n.input[0] = f"row{k}"
+    graph = helper.make_graph(
+        nodes, "linears", [helper.make_tensor_value_info(f"row{k}", TensorProto.FLOAT, [1, k]) for k in widths],
+        [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None) for n in nodes],
+        [t for t in model.graph.initializer if t.name in used])
+    alone = helper.make_model(graph, opset_imports=model.opset_import)
+    session = make_session(alone.SerializeToString(), "cpu", SessionConfig(threads=threads))
+    rows = {f"row{k}": np.random.default_rng(k).standard_normal((1, k)).astype(np.float32) for k in widths}
+
+    def run(_prompt) -> float:
+        started = time.perf_counter()
+        for _ in range(new):
+            session.run(None, rows)
+        return new / (time.perf_counter() - started)
+    return run
 
 
 def engines(args) -> tuple[dict, int]:
@@ -31,6 +64,8 @@ def engines(args) -> tuple[dict, int]:
             out[f"{Path(d).name} huge pages {'on' if on else 'off'}"] = (
                 lambda p, m=model: m.generate(p, max_new_tokens=args.new, greedy=True, with_text=False,
                                               ignore_eos=True).tokens_per_s)
+        if args.linears:
+            out[f"{Path(d).name} linears alone"] = linears_alone(d, args.threads, args.new)
     if args.checkpoint:
         from gptedge.measure.peers import llama_cpp
 
@@ -53,6 +88,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--huge-pages", choices=("both", "on", "off"), default="both",
                     help="both: each dir twice, off then on; on / off: once (llama.cpp side by side with one mode)")
+    ap.add_argument("--linears", action="store_true", help="a row per dir of its MatMulNBits alone (steps/s)")
     ap.add_argument("--work", type=Path, help="where llama.cpp's GGUFs are written (default: a temporary folder)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
