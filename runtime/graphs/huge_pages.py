@@ -5,7 +5,8 @@ pages that is ~37,000 TLB entries a step, and the prefetchers start cold at ever
 Where the kernel's transparent huge pages are in `madvise` mode (Debian's and most distributions' default), memory
 gets them only when asked, and ONNX Runtime never asks: its prepacked weights sit on 4 KiB pages. A decode step of
 that model took 8.2-9.8 ms per process on 4 KiB pages and 6.5-7.0 ms on huge pages, side by side on a Zen 4
-(benchmarks/results/huge-pages-2026-11-27.md).
+(benchmarks/results/huge-pages-2026-11-27.md); a day later the same host gave 0.97-1.03x: the TLB's cost
+is the host's state as much as the guest's (benchmarks/results/llama-8bit-recheck-2026-11-28.md).
 
 So after a CPU session is made, the memory it mapped (anonymous regions that were not there before) is collapsed
 into huge pages (madvise MADV_COLLAPSE, Linux 6.1+; a copy, ~0.1-3 ms per 2 MiB as the kernel finds free blocks):

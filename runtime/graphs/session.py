@@ -91,9 +91,9 @@ class SessionConfig:
     cuda_graph: bool = True
     # On the CPU, the session's weights are moved onto 2 MiB pages once it is made (Linux, THP in madvise mode), and
     # a generation's KV cache is allocated where numpy advises them: a batch-1 decode step streams every weight, and
-    # on 4 KiB pages the TLB and the prefetchers cost 10-25 % of it (runtime/graphs/huge_pages.py). Off: both on
-    # small pages, a load ~0.2 s faster per 150 MB of weights. GPTEDGE_HUGE_PAGES=0 in the environment turns it off
-    # for every command.
+    # on 4 KiB pages the TLB and the prefetchers cost it 0-25 %, as the host's state goes
+    # (runtime/graphs/huge_pages.py). Off: both on small pages, a load ~0.2 s faster per 150 MB of weights.
+    # GPTEDGE_HUGE_PAGES=0 in the environment turns it off for every command.
     huge_pages: bool = field(default_factory=lambda: os.environ.get(HUGE_PAGES_ENV, "1") != "0")
     # Once a CPU session is made, the pages of the model's data file that ONNX Runtime keeps mapped (initializers
     # read in place, such as a tied embedding's table) leave the process until read again (Linux; only mappings
