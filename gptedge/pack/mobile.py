@@ -47,6 +47,10 @@ from .selftest import graph_entry, write_selftest
 from .web import PACK_FORMAT, PACK_MANIFEST
 
 log = logging.getLogger(__name__)
+# The converter's module logs at INFO on a logger of its own ("Created config in <scratch path>"): ours says what
+# was written. ORT_WARNING is onnxruntime's default severity, given back after each conversion.
+logging.getLogger("ort_format_model.utils").setLevel(logging.WARNING)
+ORT_WARNING, ORT_ERROR = 2, 3
 
 ORT_MODEL = "model.ort"
 OPS_CONFIG = "required_operators_and_types.config"
@@ -73,6 +77,9 @@ def write_mobile_model(source: Path, dest: Path, platform: str = "arm") -> dict:
         raise MobilePackError(f"{source}: {size / 2**30:.2f} GB of graph and weights; the ORT format holds at most "
                               "2 GB: quantize it first")
     out = io.StringIO()
+    # the converter's sessions warn about graph inputs that are also initializers (logits_to_keep: an optional
+    # input with a default, on purpose) on stderr, where a user reads them as a fault
+    onnxruntime.set_default_logger_severity(ORT_ERROR)
     try:
         with contextlib.redirect_stdout(out):  # the converter prints its progress: it goes to the log instead
             convert_onnx_models_to_ort(graph, output_dir=dest, optimization_styles=[OptimizationStyle.Fixed],
@@ -81,6 +88,7 @@ def write_mobile_model(source: Path, dest: Path, platform: str = "arm") -> dict:
         raise MobilePackError(f"{graph}: onnxruntime's ORT format converter failed: "
                               f"{str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}") from e
     finally:
+        onnxruntime.set_default_logger_severity(ORT_WARNING)
         for line in out.getvalue().splitlines():
             log.info("converter: %s", line)
     converted = (dest / Path(manifest.model_file).with_suffix(".ort").name).resolve()

@@ -113,9 +113,18 @@ def test_mobile_pack_runs_the_gqa_kv_buffer_graph_with_the_source_ids(dirs, tmp_
             prompt, max_new_tokens=16, greedy=True).ids
 
 
-def test_mobile_pack_of_gpt_neox(dirs, tmp_path):
-    pack([dirs["neox-parallel"]], "mobile", tmp_path / "m")
-    source, phone = runtime.load(dirs["neox-parallel"], device="cpu"), runtime.load(tmp_path / "m", device="cpu")
+@pytest.mark.parametrize("variant", ["qwen2-qkv-bias", "neox-parallel"])
+def test_mobile_pack_of_qwen2_and_gpt_neox(dirs, variant, tmp_path):
+    """Through the installed command: its output is the one line saying what was written (neither the converter's
+    own log nor ONNX Runtime's warning about logits_to_keep, an input with a default), and the phone's graph gives
+    the source dir's ids."""
+    from ..support.cli import run_gptedge
+
+    result = run_gptedge("pack", str(dirs[variant]), "--target", "mobile", "-o", str(tmp_path / "m"))
+    assert result.returncode == 0, result.stderr
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("packed "), lines
+    source, phone = runtime.load(dirs[variant], device="cpu"), runtime.load(tmp_path / "m", device="cpu")
     for prompt in PROMPTS:
         assert phone.generate(prompt, max_new_tokens=16, greedy=True).ids == source.generate(
             prompt, max_new_tokens=16, greedy=True).ids
