@@ -92,7 +92,7 @@ def test_compare_scores_the_ids_eval_scores(dirs, tmp_path):
     assert abs(rows[0]["perplexity"] / evaluated["perplexity"] - 1) < 1e-9
 
 @pytest.mark.interop
-@pytest.mark.parametrize("variant", ["gqa2-linear", "neox-parallel"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_compare_with_optimum_and_ctranslate2_peers(dirs, variant, tmp_path):
     """The peers quantize the reference's own checkpoint (read from its manifest) and are scored on the same windows:
     a finite, small KL and a perplexity near fp32's."""

@@ -43,10 +43,10 @@ def bodies() -> list[dict]:
     return out
 
 
-def assert_as_generate(solo, answers) -> None:
+def assert_as_generate(solo, answers, bos: bool = True) -> None:
     for body, a in zip(bodies(), answers, strict=True):
         want = solo.generate(body["prompt"], body["max_tokens"], ignore_eos=True, greedy=True)
-        assert want.prompt_ids[0] == 1  # <s>: the tokenizer config says add_bos
+        assert not bos or want.prompt_ids[0] == 1  # <s>: the tokenizer config says add_bos
         assert a.status == 200 and a.error is None, a
         assert (a.text, a.finish_reason, a.completion_tokens) == (want.text, "length", len(want.ids)), body
 
@@ -67,11 +67,12 @@ def test_streamed_text_of_byte_fallback_runs_is_the_decoded_text(solo):
     assert [stream.push(i) for i in solo.encode("héllo")] + [stream.flush()] == ["h", "", "", "él", "l", "o", ""]
 
 
-def test_serve_completions_equal_generate(llama_dir, solo, tmp_path):
+def serve_answers(model_dir, log) -> tuple[list, dict]:
+    """bodies() sent at once to `gptedge serve` of model_dir (2 rows a batch) -> (answers, /v1/models)."""
     from ..support.ray_cluster import complete
     from ..support.server import start_server, stop_server
 
-    server = start_server(llama_dir, tmp_path / "serve.log", "--max-batch", "2")
+    server = start_server(model_dir, log, "--max-batch", "2")
     try:
         async def run():
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
@@ -81,5 +82,20 @@ def test_serve_completions_equal_generate(llama_dir, solo, tmp_path):
         models = httpx.get(f"{server.url}/v1/models", timeout=10).json()
     finally:
         stop_server(server.proc)
+    return answers, models
+
+
+def test_serve_completions_equal_generate(llama_dir, solo, tmp_path):
+    answers, models = serve_answers(llama_dir, tmp_path / "serve.log")
     assert_as_generate(solo, answers)
     assert [m["id"] for m in models["data"]] == [NAME]
+
+
+@pytest.mark.parametrize("variant,graph", [("qwen2-qkv-bias", "kv_buffer"), ("neox-parallel", "standard")])
+def test_serve_completions_of_qwen2_and_gpt_neox(variant, graph, tmp_path):
+    """The same requests, streamed and not, batched two at a time, on Qwen2 (GQA, q/k/v biases) and GPT-NeoX
+    (partial rotary, parallel residual), one on each graph."""
+    checkpoint = write_variant_checkpoint(tmp_path / "ck", variant)
+    export_checkpoint(checkpoint, tmp_path / variant, graph_variant=graph, validate=False)
+    answers, _ = serve_answers(tmp_path / variant, tmp_path / "serve.log")
+    assert_as_generate(runtime.load(tmp_path / variant, device="cpu"), answers, bos=False)
