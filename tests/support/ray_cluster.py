@@ -120,8 +120,10 @@ class Answer:
     completion_tokens: int | None = None
 
 
-async def complete(http: httpx.AsyncClient, body: dict, started: asyncio.Event | None = None) -> Answer:
-    """One completion through the proxy, streamed or not; `started` is set at the first streamed text."""
+async def complete(http: httpx.AsyncClient, body: dict, started: asyncio.Event | None = None,
+                   placed: list[Answer] | None = None) -> Answer:
+    """One completion through the proxy, streamed or not; `started` is set at the first streamed text; a stream's
+    Answer is appended to `placed` once its headers say which replica and node took it."""
     headers = {"Authorization": f"Bearer {KEY}"}
     if not body.get("stream"):
         r = await http.post("/v1/completions", json=body, headers=headers)
@@ -137,6 +139,8 @@ async def complete(http: httpx.AsyncClient, body: dict, started: asyncio.Event |
         return a
     async with http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
         a = Answer(r.status_code, r.headers.get("x-gptedge-replica"), r.headers.get("x-gptedge-node"))
+        if placed is not None:
+            placed.append(a)
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
                 continue
