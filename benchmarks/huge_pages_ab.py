@@ -21,29 +21,37 @@ import time
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from gptedge.runtime import SessionConfig, load
 from gptedge.runtime.graphs.session import make_session
+from gptedge.runtime.modeldir.manifest import read_manifest
 
 
 def linears_alone(model_dir: str, threads: int, new: int):
     """-> a function (prompt ids, unused) -> steps/s of a session holding only the dir's MatMulNBits, each reading
-    a fixed (1, K) row, with the dir's own weights (huge pages as load gives them); a run = one step's linears."""
-    model = onnx.load(str(Path(model_dir) / "model.onnx"))  # external data read in
+    a fixed (1, K) row of its activation type (its scales' type: fp32, or fp16 in a --float16 dir), with the dir's
+    own weights (huge pages as load gives them); a run = one step's linears."""
+    model = onnx.load(str(Path(model_dir) / read_manifest(model_dir).model_file))  # external data read in
     nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
-    widths = sorted({helper.get_attribute_value(a) for n in nodes for a in n.attribute if a.name == "K"})
-    used = {name for n in nodes for name in n.input[1:]}
-    for n in nodes:
+    inits = {t.name: t for t in model.graph.initializer}
+    used = {name for n in nodes for name in n.input[1:] if name}
+    if not nodes or not used <= set(inits):
+        raise SystemExit(f"{model_dir}: no MatMulNBits, or one reads weights no initializer holds")
+    rows: dict[str, np.ndarray] = {}
+    for n in nodes:  # input 0 becomes a graph input per (K, type)
         k = next(helper.get_attribute_value(a) for a in n.attribute if a.name == "K")
-        n.input[0] = f"row{k}"
+        elem = inits[n.input[2]].data_type
+        n.input[0] = f"row{k}_{elem}"
+        row = np.random.default_rng(k).standard_normal((1, k))
+        rows[n.input[0]] = row.astype(helper.tensor_dtype_to_np_dtype(elem))
     graph = helper.make_graph(
-        nodes, "linears", [helper.make_tensor_value_info(f"row{k}", TensorProto.FLOAT, [1, k]) for k in widths],
-        [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None) for n in nodes],
-        [t for t in model.graph.initializer if t.name in used])
+        nodes, "linears", [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(row.dtype), row.shape)
+                           for name, row in rows.items()],
+        [helper.make_tensor_value_info(n.output[0], inits[n.input[2]].data_type, None) for n in nodes],
+        [inits[name] for name in sorted(used)])
     alone = helper.make_model(graph, opset_imports=model.opset_import)
     session = make_session(alone.SerializeToString(), "cpu", SessionConfig(threads=threads))
-    rows = {f"row{k}": np.random.default_rng(k).standard_normal((1, k)).astype(np.float32) for k in widths}
 
     def run(_prompt) -> float:
         started = time.perf_counter()
