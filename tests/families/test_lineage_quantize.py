@@ -221,22 +221,29 @@ def gqa_caches(fp32_dirs, root):
     return {cache: runtime.load(d, device="cpu") for cache, d in dirs.items()}
 
 
+def assert_quantized_caches(models: dict, kv_heads: int) -> None:
+    """models: "fp32" / "int8" / "int4" -> a loaded kv_buffer dir. Each cache holds kv_heads key/value heads in its
+    declared type; teacher-forced over 64 calibration tokens, mean KL(fp32 || cache) and top-1 agreement stay
+    within int8 1e-5 / 95 % and int4 1e-3 / 85 %."""
+    from ..quantize.test_kv_cache import _kl, _teacher_forced
+
+    for cache, element in (("fp32", np.float32), ("int8", np.int8), ("int4", np.uint8)):
+        state = models[cache].variant.start(2, 32)
+        assert {b.numpy().dtype for b in state.buffers} == {np.dtype(element)}
+        assert state.buffers[0].numpy().shape[:2] == (2, kv_heads)  # (batch, kv heads, ...)
+    ids = np.asarray(models["fp32"].encode(CALIBRATION)[:64], np.int64)
+    ref = _teacher_forced(models["fp32"], ids)
+    for cache, kl_bound, agree_bound in (("int8", 1e-5, 0.95), ("int4", 1e-3, 0.85)):
+        got = _teacher_forced(models[cache], ids)
+        kl, agree = _kl(ref, got), float((ref.argmax(-1) == got.argmax(-1)).mean())
+        assert 0 < kl < kl_bound and agree >= agree_bound, (cache, kl, agree)
+
+
 def test_quantized_kv_cache_on_grouped_query_attention(gqa_caches):
     """The cache holds the 2 key/value heads, not 4, in the declared type; teacher-forced through it over the whole
     context (56 positions), mean KL(fp32 || cache) and top-1 agreement. Measured: int8 1.4e-7 / 100 %, int4 3.6e-5 /
     92.9 % (GPT-2's tiny model, std 0.3 weights, bounds them at 1e-3 and 0.12: tests/quantize/test_kv_cache.py)."""
-    from ..quantize.test_kv_cache import _kl, _teacher_forced
-
-    for cache, element in (("fp32", np.float32), ("int8", np.int8), ("int4", np.uint8)):
-        state = gqa_caches[cache].variant.start(2, 32)
-        assert {b.numpy().dtype for b in state.buffers} == {np.dtype(element)}
-        assert state.buffers[0].numpy().shape[:2] == (2, 2)  # (batch, kv heads, ...): 2 of the 4 heads
-    ids = np.asarray(gqa_caches["fp32"].encode(CALIBRATION)[:64], np.int64)
-    ref = _teacher_forced(gqa_caches["fp32"], ids)
-    for cache, kl_bound, agree_bound in (("int8", 1e-5, 0.95), ("int4", 1e-3, 0.85)):
-        got = _teacher_forced(gqa_caches[cache], ids)
-        kl, agree = _kl(ref, got), float((ref.argmax(-1) == got.argmax(-1)).mean())
-        assert 0 < kl < kl_bound and agree >= agree_bound, (cache, kl, agree)
+    assert_quantized_caches(gqa_caches, kv_heads=2)  # 2 of the 4 heads
 
 
 @pytest.mark.parametrize("variant,kv_heads", [("qwen2-qkv-bias", 2), ("neox-parallel", 4)])
@@ -246,8 +253,6 @@ def test_quantized_kv_cache_on_qwen2_and_gpt_neox(variant, kv_heads, checkpoints
     graphs: the cache holds the key/value heads in the declared type, and teacher-forced through it the logits stay
     within the GQA Llama's bounds. Measured: Qwen2 int8 KL 1.1e-7 / 100 %, int4 4.7e-5 / 92.9 %; GPT-NeoX int8
     9.9e-10 / 100 %, int4 1.5e-6 / 100 %."""
-    from ..quantize.test_kv_cache import _kl, _teacher_forced
-
     (root / "cal.txt").write_text(CALIBRATION, encoding="utf-8")
     fp32 = root / f"{variant}-kv"
     export_checkpoint(checkpoints[variant], fp32, graph_variant="kv_buffer", validate=False)
@@ -256,16 +261,7 @@ def test_quantized_kv_cache_on_qwen2_and_gpt_neox(variant, kv_heads, checkpoints
         quantize(fp32, root / f"{variant}-{cache}", "--kv-cache", cache, "--calibration", str(root / "cal.txt"),
                  "--calibration-length", "64")
         models[cache] = runtime.load(root / f"{variant}-{cache}", device="cpu")
-    for cache, element in (("fp32", np.float32), ("int8", np.int8), ("int4", np.uint8)):
-        state = models[cache].variant.start(2, 32)
-        assert {b.numpy().dtype for b in state.buffers} == {np.dtype(element)}
-        assert state.buffers[0].numpy().shape[:2] == (2, kv_heads)
-    ids = np.asarray(models["fp32"].encode(CALIBRATION)[:64], np.int64)
-    ref = _teacher_forced(models["fp32"], ids)
-    for cache, kl_bound, agree_bound in (("int8", 1e-5, 0.95), ("int4", 1e-3, 0.85)):
-        got = _teacher_forced(models[cache], ids)
-        kl, agree = _kl(ref, got), float((ref.argmax(-1) == got.argmax(-1)).mean())
-        assert 0 < kl < kl_bound and agree >= agree_bound, (cache, kl, agree)
+    assert_quantized_caches(models, kv_heads)
 
 
 @pytest.mark.parametrize("cache", ["int8", "int4"])
