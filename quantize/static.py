@@ -24,6 +24,7 @@ from gptedge.onnx_files import external_data_path, save_onnx
 from gptedge.runtime.classify import HeadFeeds
 from gptedge.runtime.errors import InvalidArgumentError, QuantizationError
 from gptedge.runtime.graphs.graph_variant import GraphVariant, variant_class
+from gptedge.runtime.graphs.quiet_logs import ORT_ERROR, quiet_logs
 from gptedge.runtime.modeldir.manifest import ModelShape
 from gptedge.runtime.modeldir.recipe import QuantizeRecipe
 from gptedge.runtime.modeldir.tokenizer import encode, load_tokenizer
@@ -130,17 +131,11 @@ def quantize_static_qdq(model: onnx.ModelProto, reader: TextCalibrationReader, w
         untied, wt = r.finish("gptedge task head for QDQ"), None
     else:
         untied, wt = untie_to_matmul(model, base_dir)
-    import onnxruntime
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # the quantizer logs advice meant for image models on the root logger
-    onnxruntime.set_default_logger_severity(3)  # and its calibration sessions warn about logits_to_keep
-    try:
+    # the quantizer logs advice meant for image models on the root logger, and its calibration sessions warn
+    # about logits_to_keep (an input with a default, on purpose)
+    with quiet_logs(ORT_ERROR, {None: logging.ERROR}):
         quantized = _quantize_file(untied, reader, work_dir, per_channel, quantize_attention,
                                    [float_head] if float_head else [])
-    finally:
-        root.setLevel(level)
     return quantized if wt is None else point_gather_at_quantized(quantized, wt)
 
 

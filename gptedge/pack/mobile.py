@@ -35,6 +35,7 @@ from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, conv
 from gptedge import __version__
 from gptedge.onnx_files import external_data_path
 from gptedge.runtime.errors import GptEdgeError
+from gptedge.runtime.graphs.quiet_logs import ORT_ERROR, quiet_logs
 from gptedge.runtime.modeldir.chat_template import CHAT_TEMPLATE_FILE
 from gptedge.runtime.modeldir.genai_config import GENAI_CONFIG, GENERATION_CONFIG, TOKENIZER_CONFIG
 from gptedge.runtime.checks.pipeline import check_model_dir
@@ -48,9 +49,8 @@ from .web import PACK_FORMAT, PACK_MANIFEST
 
 log = logging.getLogger(__name__)
 # The converter's module logs at INFO on a logger of its own ("Created config in <scratch path>"): ours says what
-# was written. ORT_WARNING is onnxruntime's default severity, given back after each conversion.
-logging.getLogger("ort_format_model.utils").setLevel(logging.WARNING)
-ORT_WARNING, ORT_ERROR = 2, 3
+# was written.
+CONVERTER_LOGGER = "ort_format_model.utils"
 
 ORT_MODEL = "model.ort"
 OPS_CONFIG = "required_operators_and_types.config"
@@ -77,18 +77,16 @@ def write_mobile_model(source: Path, dest: Path, platform: str = "arm") -> dict:
         raise MobilePackError(f"{source}: {size / 2**30:.2f} GB of graph and weights; the ORT format holds at most "
                               "2 GB: quantize it first")
     out = io.StringIO()
-    # the converter's sessions warn about graph inputs that are also initializers (logits_to_keep: an optional
-    # input with a default, on purpose) on stderr, where a user reads them as a fault
-    onnxruntime.set_default_logger_severity(ORT_ERROR)
     try:
-        with contextlib.redirect_stdout(out):  # the converter prints its progress: it goes to the log instead
+        # the converter's sessions warn about graph inputs that are also initializers (logits_to_keep: an optional
+        # input with a default, on purpose) on stderr; it prints its progress: that goes to the log instead
+        with quiet_logs(ORT_ERROR, {CONVERTER_LOGGER: logging.WARNING}), contextlib.redirect_stdout(out):
             convert_onnx_models_to_ort(graph, output_dir=dest, optimization_styles=[OptimizationStyle.Fixed],
                                        target_platform=platform, enable_type_reduction=True)
     except Exception as e:  # noqa: BLE001 - ONNX Runtime raises its own types; one line naming the converter
         raise MobilePackError(f"{graph}: onnxruntime's ORT format converter failed: "
                               f"{str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}") from e
     finally:
-        onnxruntime.set_default_logger_severity(ORT_WARNING)
         for line in out.getvalue().splitlines():
             log.info("converter: %s", line)
     converted = (dest / Path(manifest.model_file).with_suffix(".ort").name).resolve()
