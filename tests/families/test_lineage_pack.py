@@ -115,9 +115,9 @@ def test_mobile_pack_runs_the_gqa_kv_buffer_graph_with_the_source_ids(dirs, tmp_
 
 @pytest.mark.parametrize("variant", ["qwen2-qkv-bias", "neox-parallel"])
 def test_mobile_pack_of_qwen2_and_gpt_neox(dirs, variant, tmp_path):
-    """Through the installed command: its output is the one line saying what was written (neither the converter's
-    own log nor ONNX Runtime's warning about logits_to_keep, an input with a default), and the phone's graph gives
-    the source dir's ids."""
+    """Through the command line (`python -m gptedge.cli`, what the installed `gptedge` runs): its output is the one
+    line saying what was written (neither the converter's own log nor ONNX Runtime's warning about logits_to_keep,
+    an input with a default), and the phone's graph gives the source dir's ids."""
     from ..support.cli import run_gptedge
 
     result = run_gptedge("pack", str(dirs[variant]), "--target", "mobile", "-o", str(tmp_path / "m"))

@@ -247,20 +247,20 @@ def test_quantized_kv_cache_on_grouped_query_attention(gqa_caches):
 
 
 @pytest.mark.parametrize("variant,kv_heads", [("qwen2-qkv-bias", 2), ("neox-parallel", 4)])
-def test_quantized_kv_cache_on_qwen2_and_gpt_neox(variant, kv_heads, checkpoints, root):
+def test_quantized_kv_cache_on_qwen2_and_gpt_neox(variant, kv_heads, checkpoints, tmp_path):
     """The int8 / int4 cache on Qwen2 (GQA 2:1, keys with their q/k/v biases rotated inside the attention) and on
     GPT-NeoX (partial rotary: a quarter of each head's channels, every head its own key/value head), kv_buffer
     graphs: the cache holds the key/value heads in the declared type, and teacher-forced through it the logits stay
     within the GQA Llama's bounds. Measured: Qwen2 int8 KL 1.1e-7 / 100 %, int4 4.7e-5 / 92.9 %; GPT-NeoX int8
     9.9e-10 / 100 %, int4 1.5e-6 / 100 %."""
-    (root / "cal.txt").write_text(CALIBRATION, encoding="utf-8")
-    fp32 = root / f"{variant}-kv"
+    (tmp_path / "cal.txt").write_text(CALIBRATION, encoding="utf-8")
+    fp32 = tmp_path / f"{variant}-kv"
     export_checkpoint(checkpoints[variant], fp32, graph_variant="kv_buffer", validate=False)
     models = {"fp32": runtime.load(fp32, device="cpu")}
     for cache in ("int8", "int4"):
-        quantize(fp32, root / f"{variant}-{cache}", "--kv-cache", cache, "--calibration", str(root / "cal.txt"),
+        quantize(fp32, tmp_path / cache, "--kv-cache", cache, "--calibration", str(tmp_path / "cal.txt"),
                  "--calibration-length", "64")
-        models[cache] = runtime.load(root / f"{variant}-{cache}", device="cpu")
+        models[cache] = runtime.load(tmp_path / cache, device="cpu")
     assert_quantized_caches(models, kv_heads)
 
 
@@ -367,6 +367,9 @@ def test_gptq_rounds_every_block_linear_and_leaves_the_head(variant, fp32_dirs, 
     assert held(blocks) >= set(linears)  # qkv, o, gate, up, down per block
     changed = {n for n in blocks if not np.array_equal(plain[n], rounded[n])}
     assert held(changed) == set(linears)
+    # the untied head (8-bit: --embedding-bits) is the plain recipe's byte for byte: weights and scales
+    head = [n for n in plain if n.startswith("lm_head.")]
+    assert len(head) == 2 and all(np.array_equal(plain[n], rounded[n]) for n in head), head
     runtime.load(tmp_path / "gptq", device="cpu")
 
 

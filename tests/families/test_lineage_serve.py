@@ -43,10 +43,10 @@ def bodies() -> list[dict]:
     return out
 
 
-def assert_as_generate(solo, answers, bos: bool = True) -> None:
+def assert_as_generate(solo, answers) -> None:
     for body, a in zip(bodies(), answers, strict=True):
         want = solo.generate(body["prompt"], body["max_tokens"], ignore_eos=True, greedy=True)
-        assert not bos or want.prompt_ids[0] == 1  # <s>: the tokenizer config says add_bos
+        assert want.prompt_ids[0] == 1  # <s>: the tokenizer config says add_bos
         assert a.status == 200 and a.error is None, a
         assert (a.text, a.finish_reason, a.completion_tokens) == (want.text, "length", len(want.ids)), body
 
@@ -98,4 +98,4 @@ def test_serve_completions_of_qwen2_and_gpt_neox(variant, graph, tmp_path):
     checkpoint = write_variant_checkpoint(tmp_path / "ck", variant)
     export_checkpoint(checkpoint, tmp_path / variant, graph_variant=graph, validate=False)
     answers, _ = serve_answers(tmp_path / variant, tmp_path / "serve.log")
-    assert_as_generate(runtime.load(tmp_path / variant, device="cpu"), answers, bos=False)
+    assert_as_generate(runtime.load(tmp_path / variant, device="cpu"), answers)

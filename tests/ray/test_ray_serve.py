@@ -176,7 +176,7 @@ def test_killed_replica_fails_only_its_requests_cleanly_and_is_replaced(main_app
             # (seen in CI under load), leaving nothing for the survivor to finish: one more stream at a time, each
             # once the last is out, until both hold one (the router then sees the one replica's queue)
             for body in stream[6:]:
-                if len({a.node for a in placed}) == 2:
+                if len({a.node for a in placed if a.node is not None}) == 2:
                     break
                 streams.append(body)
                 started.append(asyncio.Event())
@@ -186,7 +186,11 @@ def test_killed_replica_fails_only_its_requests_cleanly_and_is_replaced(main_app
             await asyncio.sleep(0.3)  # the whole ones reach their replicas
             # the victim: the replica holding most streams (at least 3 of the first 6), whose batch is still
             # decoding at the kill; a lone stream can finish first
-            victim_node = Counter(a.node for a in placed).most_common(1)[0][0]
+            held = Counter(a.node for a in placed if a.node is not None)
+            assert len(held) == 2, f"streams were not on both replicas: {held}"
+            victim_node = held.most_common(1)[0][0]
+            # what the kill is to cut off must still be under way (else the test proves nothing about it)
+            assert not any(a.done for a in placed if a.node == victim_node), "the victim's streams ended first"
             pids = cluster.worker_pids(f"ray::ServeReplica:{MAIN}:")[victim_node]
             assert len(pids) == 1, pids
             os.kill(pids[0], signal.SIGKILL)
