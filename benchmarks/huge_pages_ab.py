@@ -28,16 +28,19 @@ from gptedge.runtime.graphs.session import make_session
 from gptedge.runtime.modeldir.manifest import read_manifest
 
 
-def linears_alone(model_dir: str, threads: int, new: int):
+def linears_alone(model_dir: str, threads: int, new: int, huge_pages: bool, scratch: Path):
     """-> a function (prompt ids, unused) -> steps/s of a session holding only the dir's MatMulNBits, each reading
     a fixed (1, K) row of its activation type (its scales' type: fp32, or fp16 in a --float16 dir), with the dir's
-    own weights (huge pages as load gives them); a run = one step's linears."""
+    own weights (on huge pages or not, as the dirs' rows); a run = one step's linears. None (the dir's row left out,
+    with a line saying why) where a MatMulNBits reads weights no initializer holds. The session's model is written
+    under `scratch` with its weights as external data (no 2 GB protobuf limit)."""
     model = onnx.load(str(Path(model_dir) / read_manifest(model_dir).model_file))  # external data read in
     nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     inits = {t.name: t for t in model.graph.initializer}
     used = {name for n in nodes for name in n.input[1:] if name}
     if not nodes or not used <= set(inits):
-        raise SystemExit(f"{model_dir}: no MatMulNBits, or one reads weights no initializer holds")
+        print(f"{model_dir}: no linears-alone row (no MatMulNBits, or one reads weights no initializer holds)")
+        return None
     rows: dict[str, np.ndarray] = {}
     for n in nodes:  # input 0 becomes a graph input per (K, type)
         k = next(helper.get_attribute_value(a) for a in n.attribute if a.name == "K")
@@ -50,8 +53,10 @@ def linears_alone(model_dir: str, threads: int, new: int):
                            for name, row in rows.items()],
         [helper.make_tensor_value_info(n.output[0], inits[n.input[2]].data_type, None) for n in nodes],
         [inits[name] for name in sorted(used)])
-    alone = helper.make_model(graph, opset_imports=model.opset_import)
-    session = make_session(alone.SerializeToString(), "cpu", SessionConfig(threads=threads))
+    alone = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    path = scratch / f"{Path(model_dir).name}-linears.onnx"
+    onnx.save(alone, str(path), save_as_external_data=True, location=f"{path.name}.data")
+    session = make_session(str(path), "cpu", SessionConfig(threads=threads, huge_pages=huge_pages))
 
     def run(_prompt) -> float:
         started = time.perf_counter()
@@ -72,8 +77,9 @@ def engines(args) -> tuple[dict, int]:
             out[f"{Path(d).name} huge pages {'on' if on else 'off'}"] = (
                 lambda p, m=model: m.generate(p, max_new_tokens=args.new, greedy=True, with_text=False,
                                               ignore_eos=True).tokens_per_s)
-        if args.linears:
-            out[f"{Path(d).name} linears alone"] = linears_alone(d, args.threads, args.new)
+        if args.linears and (alone := linears_alone(d, args.threads, args.new, args.huge_pages != "off",
+                                                    args.work)) is not None:
+            out[f"{Path(d).name} linears alone"] = alone
     if args.checkpoint:
         from gptedge.measure.peers import llama_cpp
 
