@@ -321,6 +321,15 @@ def report(result: dict) -> None:
         print(f"- {name}: {'met' if ok else 'missed'}")
 
 
+def serve_args_beside_llama_server(serve_args: list[str]) -> list[str]:
+    """gptedge serve's extra options in a --peer run: llama-server's requests carry cache_prompt: false and this load
+    repeats its prompts, so gptedge's prefix reuse (on by default) would skip prefills llama-server runs: it is off
+    on both sides unless --serve-args sets it."""
+    if any(a.split("=")[0] == "--prefix-cache-mb" for a in serve_args):
+        return serve_args
+    return [*serve_args, "--prefix-cache-mb", "0"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+", type=Path)
@@ -371,6 +380,7 @@ def main() -> None:
         return
     args.peer_recipes = [r.strip() for r in (args.peer_recipes or "Q8_0,Q4_K_M").split(",") if r.strip()]
     args.peer_args = shlex.split(args.peer_args or "")
+    args.serve_args = serve_args_beside_llama_server(args.serve_args)
     args.runs = args.runs if args.runs is not None else 2
     args.work = args.work or ROOT / ".cache" / "bench" / "llama-server"
     if args.runs < 1:

@@ -151,7 +151,8 @@ NOTES = [
     "process per run; peak RSS is the server process's VmHWM after the load (llama-server mmaps its GGUF: the pages "
     "it touched count, as gptedge's loaded weights do)."),
     ("- llama-server's requests carry `cache_prompt: false`: a slot never reuses the KV of a prompt seen before "
-    "(this load repeats prompts across client counts; gptedge has no prefix cache)."),
+    "(this load repeats prompts across client counts); gptedge's prefix reuse is off likewise (`--prefix-cache-mb "
+    "0`, unless its command above sets it)."),
     ("- llama-server keeps its host-memory prompt cache (`--cache-ram`, default 8192 MiB: idle slots' KV states are "
     "saved there) unless its command above has `--cache-ram 0`; what it holds counts in its peak RSS."),
     ("- Token counts are each server's own (`usage.completion_tokens`); inter-token gaps are between chunks with "

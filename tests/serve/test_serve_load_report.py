@@ -272,6 +272,16 @@ def test_serve_args_reach_the_gptedge_server_command(monkeypatch, tmp_path):
     assert envs[1]["GPTEDGE_ENGINE_TRACE"] == str(tmp_path / "trace")
 
 
+def test_gptedge_runs_without_prefix_reuse_beside_llama_server_unless_asked():
+    """llama-server's requests carry cache_prompt: false, and the load repeats its prompts: gptedge's reuse (on by
+    default) is turned off for a --peer run, unless --serve-args names it."""
+    assert sl.serve_args_beside_llama_server([]) == ["--prefix-cache-mb", "0"]
+    assert sl.serve_args_beside_llama_server(["--spin"]) == ["--spin", "--prefix-cache-mb", "0"]
+    assert sl.serve_args_beside_llama_server(["--prefix-cache-mb", "64"]) == ["--prefix-cache-mb", "64"]
+    assert sl.serve_args_beside_llama_server(["--prefix-cache-mb=64"]) == ["--prefix-cache-mb=64"]
+    assert any("--prefix-cache-mb 0" in note for note in sr.NOTES)
+
+
 def test_the_json_carries_the_machine_facts_beside_every_figure():
     g = [_run({1: 100.0, 8: 300.0}, {8: 50.0}, {1: 10.0, 8: 15.0}, 200.0)]
     p = [_run({1: 80.0, 8: 150.0}, {8: 60.0}, {1: 12.0, 8: 20.0}, 400.0)]
