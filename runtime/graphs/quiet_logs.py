@@ -5,7 +5,10 @@ progress on Python loggers, where a user reads them as faults. Ours say what hap
 
 ONNX Runtime's default logger severity is process-wide and has no getter: the severity given back is the one set
 through here before the call (at first onnxruntime's own default, WARNING), so nested or repeated calls restore
-what they found. Python loggers get their own levels back."""
+what they found; a severity set by calling onnxruntime directly is not known here and becomes WARNING after a
+block. Python loggers get their own levels back. Not for threads: the levels are process-wide, and blocks that
+end out of order (thread A enters, B enters, A leaves, B leaves) would leave the quieter levels behind; gptedge's
+callers (pack, quantize) run in one thread."""
 
 from __future__ import annotations
 
@@ -25,11 +28,11 @@ def quiet_logs(ort_severity: int = ORT_ERROR, loggers: dict[str | None, int] | N
 
     saved = {name: logging.getLogger(name).level for name in loggers or {}}
     before = _ort_severity[0]
-    onnxruntime.set_default_logger_severity(ort_severity)
-    _ort_severity[0] = ort_severity
-    for name, level in (loggers or {}).items():
-        logging.getLogger(name).setLevel(level)
-    try:
+    try:  # set inside: a level that fails to set still gives back what was set before it
+        onnxruntime.set_default_logger_severity(ort_severity)
+        _ort_severity[0] = ort_severity
+        for name, level in (loggers or {}).items():
+            logging.getLogger(name).setLevel(level)
         yield
     finally:
         onnxruntime.set_default_logger_severity(before)
