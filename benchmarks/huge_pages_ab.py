@@ -54,8 +54,8 @@ def linears_alone(model_dir: str, threads: int, new: int, huge_pages: bool, scra
         [helper.make_tensor_value_info(n.output[0], inits[n.input[2]].data_type, None) for n in nodes],
         [inits[name] for name in sorted(used)])
     alone = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
-    path = scratch / f"{Path(model_dir).name}-linears.onnx"
-    onnx.save(alone, str(path), save_as_external_data=True, location=f"{path.name}.data")
+    path = Path(tempfile.mkdtemp(prefix="linears-", dir=scratch)) / "linears.onnx"  # one folder a dir: no clash
+    onnx.save(alone, str(path), save_as_external_data=True, location="linears.onnx.data")
     session = make_session(str(path), "cpu", SessionConfig(threads=threads, huge_pages=huge_pages))
 
     def run(_prompt) -> float:
@@ -78,8 +78,8 @@ def engines(args) -> tuple[dict, int]:
                 lambda p, m=model: m.generate(p, max_new_tokens=args.new, greedy=True, with_text=False,
                                               ignore_eos=True).tokens_per_s)
         if args.linears and (alone := linears_alone(d, args.threads, args.new, args.huge_pages != "off",
-                                                    args.work)) is not None:
-            out[f"{Path(d).name} linears alone"] = alone
+                                                    args.work)) is not None:  # with both: on huge pages
+            out[f"{Path(d).name} linears alone{' (huge pages on)' if args.huge_pages == 'both' else ''}"] = alone
     if args.checkpoint:
         from gptedge.measure.peers import llama_cpp
 
@@ -103,7 +103,8 @@ def main() -> None:
     ap.add_argument("--huge-pages", choices=("both", "on", "off"), default="both",
                     help="both: each dir twice, off then on; on / off: once (llama.cpp side by side with one mode)")
     ap.add_argument("--linears", action="store_true", help="a row per dir of its MatMulNBits alone (steps/s)")
-    ap.add_argument("--work", type=Path, help="where llama.cpp's GGUFs are written (default: a temporary folder)")
+    ap.add_argument("--work", type=Path, help="where llama.cpp's GGUFs and --linears' models are written (default: a "
+                    "temporary folder)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         args.work = args.work or Path(tmp)

@@ -112,7 +112,7 @@ def test_export_fp16_stays_within_gpt2s_fp16_tolerance(variant, checkpoints, fp3
     *[(v, m) for v in TIED for m in ("dynamic", "static", "weight-only", "weight-only-4", "fp16")],
     # dynamic / static take a tied head only (test_integer_activation_methods_refuse_an_untied_head_in_one_line)
     *[(v, m) for v in UNTIED for m in ("weight-only", "weight-only-4", "fp16")]])
-def test_every_method_quantizes_each_descendant(variant, method, fp32_dirs, root, tmp_path):
+def test_every_method_quantizes_each_descendant(variant, method, fp32_dirs, tmp_path):
     """Each method on a tied Llama (with attention and MLP biases), a tied GPT-NeoX and tied Gemma, and the methods
     an untied head takes on the untied Llama, Qwen2 and GPT-NeoX: the dir loads (every claim checked), verify
     passes, and the quantized logits stay near fp32's on the manifest's seeded ids."""
