@@ -3,10 +3,13 @@ side in one process, rounds interleaved, optionally beside llama.cpp's quantizat
 (llama-cpp-python; $GPTEDGE_LLAMA_CPP_SOURCE as for `compare --peers llama.cpp`). Batch 1, greedy, seeded random
 prompts, every engine's first token excluded from its rate. --linears adds, per dir, a row of its MatMulNBits
 alone (every other op removed, each node fed a fixed row): what the linears' kernel leaves for a step that does
-nothing else, the ceiling of the dir's tok/s in the same minute.
+nothing else, the ceiling of the dir's tok/s in the same minute. --floor adds, per dir, the steps/s its linears
+would run at if they read their packed bytes at this machine's streaming rate (measured each round; byte_floor.py),
+and after the table the dir's tok/s with its linears at that floor and every other op as measured, against each
+llama.cpp row: the most a faster kernel could give the same layout.
 
     python benchmarks/huge_pages_ab.py DIR [DIR...] [--checkpoint CKPT --recipes Q8_0,Q4_K_M] [--prompt 32]
-        [--new 128] [--rounds 4] [--threads 2] [--huge-pages both|on|off] [--linears] [--work WORK]
+        [--new 128] [--rounds 4] [--threads 2] [--huge-pages both|on|off] [--linears [--floor]] [--work WORK]
 
 Prints each round and, per engine, the median; each dir's on / off ratio is the median of the per-round ratios.
 """
@@ -14,6 +17,7 @@ Prints each round and, per engine, the median; each dir's on / off ratio is the 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,6 +30,9 @@ from onnx import helper
 from gptedge.runtime import SessionConfig, load
 from gptedge.runtime.graphs.session import make_session
 from gptedge.runtime.modeldir.manifest import read_manifest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from byte_floor import linear_bytes, stream_gbs  # noqa: E402 - after the sys.path line above
 
 
 def linears_alone(model_dir: str, threads: int, new: int, huge_pages: bool, scratch: Path):
@@ -80,6 +87,9 @@ def engines(args) -> tuple[dict, int]:
         if args.linears and (alone := linears_alone(d, args.threads, args.new, args.huge_pages != "off",
                                                     args.work)) is not None:  # with both: on huge pages
             out[f"{Path(d).name} linears alone{' (huge pages on)' if args.huge_pages == 'both' else ''}"] = alone
+            if args.floor:
+                size = linear_bytes(onnx.load(str(Path(d) / read_manifest(d).model_file), load_external_data=False))[0]
+                out[f"{Path(d).name} floor"] = lambda _p, b=size: stream_gbs(args.threads, runs=3) * 1e9 / b
     if args.checkpoint:
         from gptedge.measure.peers import llama_cpp
 
@@ -103,6 +113,8 @@ def main() -> None:
     ap.add_argument("--huge-pages", choices=("both", "on", "off"), default="both",
                     help="both: each dir twice, off then on; on / off: once (llama.cpp side by side with one mode)")
     ap.add_argument("--linears", action="store_true", help="a row per dir of its MatMulNBits alone (steps/s)")
+    ap.add_argument("--floor", action="store_true", help="with --linears: a row per dir of its linears at the "
+                    "machine's streaming rate (steps/s), and the dir's tok/s with its linears there")
     ap.add_argument("--work", type=Path, help="where llama.cpp's GGUFs and --linears' models are written (default: a "
                     "temporary folder)")
     args = ap.parse_args()
@@ -127,6 +139,25 @@ def main() -> None:
             off = rates[name[:-2] + "off"]
             ratio = f"{np.median([a / b for a, b in zip(row, off, strict=True)]):.2f}x"
         print(f"| {name} | {np.median(row):.1f} | {' / '.join(f'{x:.1f}' for x in row)} | {ratio} |")
+    print_floors(rates)
+
+
+def print_floors(rates: dict[str, list[float]]) -> None:
+    """Per dir with a floor row: each round's tok/s had its linears run at the floor (1 / (1/step - 1/linears +
+    1/floor): the other ops' time as measured), its median, and the median of its per-round ratios to each llama.cpp
+    row."""
+    peers = {n: v for n, v in rates.items() if n.startswith("llama.cpp ")}
+    for name in [n for n in rates if n.endswith(" floor")]:
+        d = name.removesuffix(" floor")
+        step = next((v for n, v in rates.items() if n.startswith(f"{d} huge pages")), None)
+        alone = next(v for n, v in rates.items() if n.startswith(f"{d} linears alone"))
+        if step is None:
+            continue
+        at_floor = [1 / (1 / s - 1 / a + 1 / f) for s, a, f in zip(step, alone, rates[name], strict=True)]
+        vs = "; ".join(f"{np.median([x / y for x, y in zip(at_floor, v, strict=True)]):.2f}x {p}"
+                       for p, v in peers.items())
+        print(f"{d} with its linears at the streaming rate: {np.median(at_floor):.1f} tok/s "
+              f"({' / '.join(f'{x:.1f}' for x in at_floor)}){': ' + vs if vs else ''}")
 
 
 if __name__ == "__main__":
