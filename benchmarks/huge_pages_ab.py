@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, help="where llama.cpp's GGUFs and --linears' models are written (default: a "
                     "temporary folder)")
     args = ap.parse_args()
+    if args.floor and not args.linears:
+        ap.error("--floor needs --linears (the floor replaces the linears' measured time)")
     with tempfile.TemporaryDirectory() as tmp:
         args.work = args.work or Path(tmp)
         args.work.mkdir(parents=True, exist_ok=True)
@@ -149,7 +151,8 @@ def print_floors(rates: dict[str, list[float]]) -> None:
     peers = {n: v for n, v in rates.items() if n.startswith("llama.cpp ")}
     for name in [n for n in rates if n.endswith(" floor")]:
         d = name.removesuffix(" floor")
-        step = next((v for n, v in rates.items() if n.startswith(f"{d} huge pages")), None)
+        steps = [n for n in rates if n.startswith(f"{d} huge pages")]  # the "on" row, as the linears ran
+        step = rates[max(steps, key=lambda n: n.endswith(" on"))] if steps else None
         alone = next(v for n, v in rates.items() if n.startswith(f"{d} linears alone"))
         if step is None:
             continue

@@ -55,7 +55,8 @@ def test_linear_bytes_counts_each_linear_kind_once():
 
 def test_floor_row_replaces_the_linears_time_and_keeps_the_rest(capsys):
     # step 10 ms, of which linears 8 ms; at the floor the linears take 6 ms: 8 ms a step, 125 tok/s
-    rates = {"w8 huge pages on": [100.0, 100.0], "w8 linears alone": [125.0, 125.0],
+    rates = {"w8 huge pages off": [50.0, 50.0], "w8 huge pages on": [100.0, 100.0],
+             "w8 linears alone": [125.0, 125.0],
              "w8 floor": [1000 / 6, 1000 / 6], "llama.cpp Q8_0": [100.0, 125.0]}
     hp.print_floors(rates)
     out = capsys.readouterr().out
